@@ -1,0 +1,62 @@
+"""What a tool handler receives besides its arguments (SPEC I5).
+
+A handler is ``handler(params, ctx)``: ``params`` is the validated argument object the
+model sent, ``ctx`` a :class:`ToolContext` filled by the server. Identity (session,
+user, profile, project) reaches the handler only through ``ctx``, never from the
+model's arguments, so a model cannot act as someone else by inventing an argument.
+
+A handler may be a plain function (run in a worker thread, SPEC S3) or a coroutine
+function (run on the event loop). It returns any JSON value; a non-object is wrapped
+as ``{"value": ...}`` (SPEC I8). An async tool's object result may carry ``summary``
+(str) and ``artifacts`` (list of objects), which ``job.done`` lifts out (SPEC J4).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ProgressFn = Callable[[float | None, str | None], None]
+
+
+def _no_progress(fraction: float | None, message: str | None) -> None:
+    """Progress sink of calls that are not jobs: progress has nowhere to go."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolContext:
+    """Server-side facts about one call, injected into its handler (SPEC I5).
+
+    Attributes:
+        session_id: the calling session.
+        user: the authenticated user.
+        profile: the profile the session runs under.
+        context: the session context (SPEC S5), e.g. ``project_id``, ``origin``.
+        call_id: the client's id for this call.
+        tool: the tool's name.
+        data_dir: a folder the server owns, for tools that keep state on disk.
+        job_id: the job running this call, or ``None`` for a plain sync call.
+        cancelled: set when the call is cancelled (SPEC I8); a plain handler running in
+            a thread should check it in long loops, since a thread cannot be interrupted.
+        progress: ``progress(fraction, message)`` reports job progress (SPEC J2);
+            ``fraction`` in [0, 1] or ``None``. Safe to call from any thread; a no-op
+            outside jobs; rate-limited by the server.
+    """
+
+    session_id: str
+    user: str
+    profile: str
+    context: Mapping[str, str]
+    call_id: str
+    tool: str
+    data_dir: Path
+    job_id: str | None = None
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    progress: ProgressFn = _no_progress
+
+    @property
+    def project_id(self) -> str | None:
+        """The session's ``project_id`` context key, or ``None`` when no project is linked."""
+        return self.context.get("project_id")

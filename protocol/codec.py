@@ -1,0 +1,156 @@
+"""The one codec of protocol v1: bytes to typed messages and back (SPEC E1).
+
+Decoding is strict JSON (RFC 8259 plus the rules SPEC E1 adds): the payload must be
+valid UTF-8, one object, without ``NaN``/``Infinity``, without duplicate keys, nested no
+deeper than a limit, and then one valid message of the expected direction. Each refusal
+is a distinct :class:`~protocol.errors.ErrorCode`; :func:`decode_client` and
+:func:`decode_server` *return* a :class:`~protocol.errors.DecodeError` instead of raising,
+so no exception escapes to the caller whatever the bytes.
+
+Only this module calls orjson. Encoding never emits ``NaN`` or ``Infinity`` (orjson
+writes ``null`` for them, which keeps the output valid JSON).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Final
+
+import orjson
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+from protocol.errors import DecodeError, ErrorCode
+from protocol.messages import ClientMessage, ServerMessage
+
+DEFAULT_MAX_DEPTH: Final = 32
+"""Default nesting limit of a decoded message: objects and arrays, the top object is 1."""
+
+CLIENT_ADAPTER: Final[TypeAdapter[ClientMessage]] = TypeAdapter(ClientMessage)
+SERVER_ADAPTER: Final[TypeAdapter[ServerMessage]] = TypeAdapter(ServerMessage)
+
+# A JSON string, matched whole so scanning never starts inside one, and whether a colon
+# follows it (then it is an object key). Counting keys this way and comparing with the
+# keys orjson kept reveals duplicates, which orjson silently collapses.
+_STRING_OR_KEY = re.compile(rb'"(?:[^"\\]|\\.)*"(\s*:)?', re.DOTALL)
+_STRING_OR_KEY_STR = re.compile(_STRING_OR_KEY.pattern.decode(), re.DOTALL)
+_NAN_TOKEN = re.compile(rb"(?<![\w.])-?(?:NaN|Infinity)\b")
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+
+_PYDANTIC_CODES: Final[dict[str, ErrorCode]] = {
+    "missing": ErrorCode.MISSING_FIELD,
+    "extra_forbidden": ErrorCode.EXTRA_FIELD,
+    "union_tag_invalid": ErrorCode.UNKNOWN_TYPE,
+    "union_tag_not_found": ErrorCode.MISSING_TYPE,
+}
+
+
+def encode(message: BaseModel) -> bytes:
+    """Serialize a wire message to the UTF-8 JSON bytes of one text frame.
+
+    Args:
+        message: any model of :mod:`protocol.messages`.
+
+    Returns:
+        Compact JSON; fields whose value is ``None`` are omitted.
+    """
+    return orjson.dumps(message.model_dump(exclude_none=True))
+
+
+def encode_json(value: Any) -> bytes:
+    """Serialize a plain JSON value (used for stored payloads and HTTP bodies)."""
+    return orjson.dumps(value)
+
+
+def decode_json(raw: bytes | str) -> Any:
+    """Parse plain JSON without the message checks; raises ``orjson.JSONDecodeError``."""
+    return orjson.loads(raw)
+
+
+def decode_client(raw: bytes | str, max_depth: int = DEFAULT_MAX_DEPTH) -> ClientMessage | DecodeError:
+    """Decode one client frame (SPEC E1).
+
+    Args:
+        raw: the frame payload: ``bytes`` as read, or ``str`` when the transport already
+            decoded a text frame's UTF-8.
+        max_depth: deepest nesting of objects and arrays accepted; the message itself is 1.
+
+    Returns:
+        The typed message, or a :class:`DecodeError` naming the first rule broken. Never
+        raises.
+    """
+    return _decode(raw, CLIENT_ADAPTER, max_depth)
+
+
+def decode_server(raw: bytes | str, max_depth: int = 64) -> ServerMessage | DecodeError:
+    """Decode one server frame; the client-side twin of :func:`decode_client`."""
+    return _decode(raw, SERVER_ADAPTER, max_depth)
+
+
+def _decode(raw: bytes | str, adapter: TypeAdapter[Any], max_depth: int) -> Any:
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        return _json_error(raw, str(exc))
+    if not isinstance(obj, dict):
+        return DecodeError(ErrorCode.NOT_AN_OBJECT, "a message must be a JSON object")
+    request_id = obj.get("id")
+    if not isinstance(request_id, str):
+        request_id = None
+    depth, keys = _shape(obj, 1)
+    if depth > max_depth:
+        return DecodeError(
+            ErrorCode.TOO_DEEP, f"nesting deeper than {max_depth} levels", request_id
+        )
+    if keys != _count_keys(raw):
+        return DecodeError(ErrorCode.DUPLICATE_KEY, "an object repeats a key", request_id)
+    try:
+        return adapter.validate_python(obj)
+    except ValidationError as exc:
+        return _validation_error(exc, request_id)
+
+
+def _json_error(raw: bytes | str, detail: str) -> DecodeError:
+    if "UTF-8" in detail or "surrogate" in detail:
+        return DecodeError(ErrorCode.INVALID_UTF8, "payload is not valid UTF-8")
+    if "depth" in detail or "recursion" in detail:
+        return DecodeError(ErrorCode.TOO_DEEP, "nesting too deep")
+    data = raw.encode(errors="replace") if isinstance(raw, str) else raw
+    if _NAN_TOKEN.search(_STRING.sub(b'""', data)):
+        return DecodeError(ErrorCode.NAN_NOT_ALLOWED, "NaN and Infinity are not JSON")
+    return DecodeError(ErrorCode.MALFORMED_JSON, f"malformed JSON: {detail}")
+
+
+def _shape(value: Any, depth: int) -> tuple[int, int]:
+    """Return (deepest nesting, number of object keys) of a parsed JSON value."""
+    if isinstance(value, dict):
+        deepest, keys = depth, len(value)
+        for item in value.values():
+            if isinstance(item, dict | list):
+                d, k = _shape(item, depth + 1)
+                deepest, keys = max(deepest, d), keys + k
+        return deepest, keys
+    deepest, keys = depth, 0
+    for item in value:
+        if isinstance(item, dict | list):
+            d, k = _shape(item, depth + 1)
+            deepest, keys = max(deepest, d), keys + k
+    return deepest, keys
+
+
+def _count_keys(raw: bytes | str) -> int:
+    pattern = _STRING_OR_KEY_STR if isinstance(raw, str) else _STRING_OR_KEY
+    return sum(1 for match in pattern.finditer(raw) if match.group(1))
+
+
+def _validation_error(exc: ValidationError, request_id: str | None) -> DecodeError:
+    first = exc.errors(include_url=False, include_input=False)[0]
+    kind = first["type"]
+    code = _PYDANTIC_CODES.get(kind)
+    if code is None:
+        code = ErrorCode.WRONG_TYPE if kind.endswith("_type") else ErrorCode.INVALID_VALUE
+    where = ".".join(str(part) for part in first["loc"][1:]) or "message"
+    if code is ErrorCode.UNKNOWN_TYPE:
+        return DecodeError(code, "unknown message type", request_id)
+    if code is ErrorCode.MISSING_TYPE:
+        return DecodeError(code, "the message has no 'type'", request_id)
+    return DecodeError(code, f"{where}: {first['msg']}", request_id)
