@@ -25,6 +25,9 @@ from protocol.messages import ClientMessage, ServerMessage
 DEFAULT_MAX_DEPTH: Final = 32
 """Default nesting limit of a decoded message: objects and arrays, the top object is 1."""
 
+MAX_REQUEST_ID_CHARS: Final = 128
+"""Longest request ``id`` (:data:`protocol.messages.RequestId`); longer ones are not echoed."""
+
 CLIENT_ADAPTER: Final[TypeAdapter[ClientMessage]] = TypeAdapter(ClientMessage)
 SERVER_ADAPTER: Final[TypeAdapter[ServerMessage]] = TypeAdapter(ServerMessage)
 
@@ -66,7 +69,9 @@ def decode_json(raw: bytes | str) -> Any:
     return orjson.loads(raw)
 
 
-def decode_client(raw: bytes | str, max_depth: int = DEFAULT_MAX_DEPTH) -> ClientMessage | DecodeError:
+def decode_client(
+    raw: bytes | str, max_depth: int = DEFAULT_MAX_DEPTH
+) -> ClientMessage | DecodeError:
     """Decode one client frame (SPEC E1).
 
     Args:
@@ -78,12 +83,14 @@ def decode_client(raw: bytes | str, max_depth: int = DEFAULT_MAX_DEPTH) -> Clien
         The typed message, or a :class:`DecodeError` naming the first rule broken. Never
         raises.
     """
-    return _decode(raw, CLIENT_ADAPTER, max_depth)
+    decoded: ClientMessage | DecodeError = _decode(raw, CLIENT_ADAPTER, max_depth)
+    return decoded
 
 
 def decode_server(raw: bytes | str, max_depth: int = 64) -> ServerMessage | DecodeError:
     """Decode one server frame; the client-side twin of :func:`decode_client`."""
-    return _decode(raw, SERVER_ADAPTER, max_depth)
+    decoded: ServerMessage | DecodeError = _decode(raw, SERVER_ADAPTER, max_depth)
+    return decoded
 
 
 def _decode(raw: bytes | str, adapter: TypeAdapter[Any], max_depth: int) -> Any:
@@ -93,9 +100,7 @@ def _decode(raw: bytes | str, adapter: TypeAdapter[Any], max_depth: int) -> Any:
         return _json_error(raw, str(exc))
     if not isinstance(obj, dict):
         return DecodeError(ErrorCode.NOT_AN_OBJECT, "a message must be a JSON object")
-    request_id = obj.get("id")
-    if not isinstance(request_id, str):
-        request_id = None
+    request_id = _readable_id(obj.get("id"))
     depth, keys = _shape(obj, 1)
     if depth > max_depth:
         return DecodeError(
@@ -109,8 +114,18 @@ def _decode(raw: bytes | str, adapter: TypeAdapter[Any], max_depth: int) -> Any:
         return _validation_error(exc, request_id)
 
 
+def _readable_id(value: Any) -> str | None:
+    """Return ``value`` when it is a valid request id, the only kind an ``error`` may echo."""
+    if isinstance(value, str) and 1 <= len(value) <= MAX_REQUEST_ID_CHARS:
+        return value
+    return None
+
+
 def _json_error(raw: bytes | str, detail: str) -> DecodeError:
-    if "UTF-8" in detail or "surrogate" in detail:
+    # Only bytes that are not UTF-8 (or text holding a lone surrogate, which no UTF-8
+    # could produce) close 1007 (RFC 6455 section 8.1). A BOM or an escaped lone surrogate
+    # ("\ud800") is valid UTF-8 that is bad JSON: an error, not a close.
+    if detail.startswith("str is not valid UTF-8"):
         return DecodeError(ErrorCode.INVALID_UTF8, "payload is not valid UTF-8")
     if "depth" in detail or "recursion" in detail:
         return DecodeError(ErrorCode.TOO_DEEP, "nesting too deep")
@@ -138,8 +153,9 @@ def _shape(value: Any, depth: int) -> tuple[int, int]:
 
 
 def _count_keys(raw: bytes | str) -> int:
-    pattern = _STRING_OR_KEY_STR if isinstance(raw, str) else _STRING_OR_KEY
-    return sum(1 for match in pattern.finditer(raw) if match.group(1))
+    if isinstance(raw, str):
+        return sum(1 for match in _STRING_OR_KEY_STR.finditer(raw) if match.group(1))
+    return sum(1 for match in _STRING_OR_KEY.finditer(raw) if match.group(1))
 
 
 def _validation_error(exc: ValidationError, request_id: str | None) -> DecodeError:

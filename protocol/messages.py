@@ -407,6 +407,7 @@ class JobProgress(_Message):
     tool: StrictStr
     progress: StrictFloat | None = None
     message: StrictStr | None = None
+    call_id: StrictStr | None = None
 
 
 class JobDone(_Message):

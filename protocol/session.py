@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Final
 
+from protocol import messages as m
 from protocol.codec import DEFAULT_MAX_DEPTH, decode_client
 from protocol.errors import DecodeError, ErrorCode, ProtocolError, StateError, UsageError
 from protocol.messages import ClientMessage, type_name
-from protocol import messages as m
 
 
 class State(Enum):

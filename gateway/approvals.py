@@ -1,0 +1,143 @@
+"""Approval requests and their decisions (SPEC A1-A4, cases F01-F05, F11).
+
+A gated call gets an :class:`Approval` with an unguessable id (192 random bits, SPEC
+A2), registered *before* ``tool_start`` is emitted, so a confirmation that arrives at
+once finds it. Exactly four things may settle an approval: the user's decision, the
+approval timeout (its own clock, SPEC A4), a cancel of the call, and the end of the
+session. A waiter that stops waiting decides nothing (F01): the call awaits the
+decision through :func:`asyncio.shield`, and only :meth:`Approvals.settle` writes it.
+The first settlement wins; later ones are refused with a typed reason (SPEC A3).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from protocol.messages import Decision, NotAcceptedReason, Resolution, ResolutionReason
+
+SETTLED_MEMORY = 10_000
+"""Settled approval ids remembered to answer late duplicates ``already_decided``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """How an approval was settled."""
+
+    resolution: Resolution
+    reason: ResolutionReason
+    always: bool = False
+    at: float = 0.0
+    """Unix time in seconds."""
+
+
+@dataclass(slots=True, eq=False)
+class Approval:
+    """One pending decision, bound to one call and its arguments (F02)."""
+
+    approval_id: str
+    session_id: str
+    user: str
+    call_id: str
+    tool: str
+    params: dict[str, Any]
+    expires_at: float
+    future: asyncio.Future[Outcome] = field(repr=False)
+    timer: asyncio.TimerHandle | None = field(default=None, repr=False)
+
+
+class Approvals:
+    """Registry of pending approvals across all sessions (SPEC A2-A4).
+
+    Args:
+        timeout: seconds an approval may stay pending before it is denied (SPEC A4).
+        clock: returns Unix time in seconds (the wall clock; tests may pass their own).
+    """
+
+    def __init__(self, timeout: float, clock: Any) -> None:
+        self.timeout = timeout
+        self._clock = clock
+        self.pending: dict[str, Approval] = {}
+        self._settled: OrderedDict[str, tuple[str, Outcome]] = OrderedDict()
+
+    def open(self, session_id: str, user: str, call_id: str, tool: str, params: dict[str, Any]) -> Approval:
+        """Register a pending approval; its timeout clock starts now (SPEC A2, A4)."""
+        loop = asyncio.get_running_loop()
+        approval = Approval(
+            approval_id="ap_" + secrets.token_urlsafe(24),
+            session_id=session_id,
+            user=user,
+            call_id=call_id,
+            tool=tool,
+            params=params,
+            expires_at=self._clock() + self.timeout,
+            future=loop.create_future(),
+        )
+        approval.timer = loop.call_later(
+            self.timeout, self.settle, approval.approval_id, Resolution.DENIED, ResolutionReason.TIMEOUT
+        )
+        self.pending[approval.approval_id] = approval
+        return approval
+
+    def confirm(
+        self, session_id: str, user: str, approval_id: str, decision: Decision
+    ) -> NotAcceptedReason | None:
+        """Apply a client's decision (SPEC A3).
+
+        Returns:
+            ``None`` when accepted; else why nothing changed: ``unknown`` (never issued,
+            or forged), ``not_yours`` (another session or user), ``already_decided``,
+            ``expired`` (the approval timed out first).
+        """
+        approval = self.pending.get(approval_id)
+        if approval is None:
+            return self._refusal(session_id, approval_id)
+        if approval.session_id != session_id or approval.user != user:
+            return NotAcceptedReason.NOT_YOURS
+        resolution = Resolution.DENIED if decision is Decision.DENY else Resolution.ALLOWED
+        always = decision is Decision.ALLOW_ALWAYS
+        self.settle(approval_id, resolution, ResolutionReason.USER, always)
+        return None
+
+    def _refusal(self, session_id: str, approval_id: str) -> NotAcceptedReason:
+        settled = self._settled.get(approval_id)
+        if settled is None:
+            return NotAcceptedReason.UNKNOWN
+        owner, outcome = settled
+        if owner != session_id:
+            return NotAcceptedReason.NOT_YOURS
+        if outcome.reason is ResolutionReason.TIMEOUT:
+            return NotAcceptedReason.EXPIRED
+        return NotAcceptedReason.ALREADY_DECIDED
+
+    def settle(
+        self,
+        approval_id: str,
+        resolution: Resolution,
+        reason: ResolutionReason,
+        always: bool = False,
+    ) -> bool:
+        """Settle a pending approval; the first settlement wins (SPEC A3).
+
+        Returns:
+            ``True`` if this call settled it, ``False`` if it was already settled.
+        """
+        approval = self.pending.pop(approval_id, None)
+        if approval is None:
+            return False
+        if approval.timer is not None:
+            approval.timer.cancel()
+        outcome = Outcome(resolution, reason, always, self._clock())
+        self._settled[approval_id] = (approval.session_id, outcome)
+        while len(self._settled) > SETTLED_MEMORY:
+            self._settled.popitem(last=False)
+        approval.future.set_result(outcome)
+        return True
+
+    def settle_session(self, session_id: str, reason: ResolutionReason) -> None:
+        """Deny every pending approval of a session that ended (SPEC A4)."""
+        for approval_id in [a.approval_id for a in self.pending.values() if a.session_id == session_id]:
+            self.settle(approval_id, Resolution.DENIED, reason)

@@ -1,0 +1,203 @@
+"""Authentication (SPEC S2): who is connecting, and which profiles they may use.
+
+An :class:`Authenticator` turns a credential (from ``hello.token`` or the
+``Authorization: Bearer`` header, never the URL query) into an :class:`Identity` or
+raises :class:`AuthError`. Built in:
+
+- :class:`TokenFileAuthenticator`: a YAML file of SHA-256 token hashes, each mapped to
+  a user and profiles. Tokens are random secrets of at least 128 bits, so a fast hash
+  is the right tool (no password stretching needed); comparison is constant-time.
+- :class:`JwtAuthenticator`: HS256 or RS256 JSON Web Tokens (RFC 7519) checked with
+  PyJWT; ``sub`` names the user, a configurable claim lists the profiles, ``exp`` is
+  required.
+
+Credentials never reach a log: messages name the failure kind, not the value.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import jwt
+import yaml
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """An authenticated caller: the user, the profiles granted, the tenant if any."""
+
+    user: str
+    profiles: frozenset[str]
+    tenant: str | None = None
+
+
+class AuthError(Exception):
+    """A credential is missing, malformed, unknown, expired or refused (SPEC S2)."""
+
+
+class Authenticator(Protocol):
+    def authenticate(self, credential: str | None) -> Identity:
+        """Return the identity behind ``credential``; raise :class:`AuthError` if none."""
+
+
+def hash_token(token: str) -> str:
+    """SHA-256 hex digest of a token, the form a token file stores (SPEC S2)."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def new_token() -> str:
+    """A fresh bearer token: 256 random bits, URL-safe text."""
+    return "tb_" + secrets.token_urlsafe(32)
+
+
+class TokenFileAuthenticator:
+    """Tokens from a YAML file: ``tokens: [{sha256: HEX, user: U, profiles: [P], tenant?}]``.
+
+    Args:
+        path: the token file; re-read when its modification time changes.
+
+    Raises:
+        AuthError: at construction when the file is unreadable or malformed.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._mtime = -1.0
+        self._by_hash: dict[str, Identity] = {}
+        self._reload()
+
+    def _reload(self) -> None:
+        try:
+            mtime = self._path.stat().st_mtime
+            if mtime == self._mtime:
+                return
+            data = yaml.safe_load(self._path.read_text()) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise AuthError(f"token file {self._path} unreadable: {type(exc).__name__}") from exc
+        table: dict[str, Identity] = {}
+        for entry in data.get("tokens", []):
+            table[str(entry["sha256"]).lower()] = Identity(
+                user=str(entry["user"]),
+                profiles=frozenset(entry.get("profiles", [])),
+                tenant=entry.get("tenant"),
+            )
+        self._by_hash, self._mtime = table, mtime
+
+    def authenticate(self, credential: str | None) -> Identity:
+        if not credential:
+            raise AuthError("no credentials")
+        self._reload()
+        digest = hash_token(credential)
+        for known, identity in self._by_hash.items():
+            if hmac.compare_digest(known, digest):
+                return identity
+        raise AuthError("unknown token")
+
+
+class JwtAuthenticator:
+    """JWT bearer tokens, HS256 with a shared secret or RS256 with a public key (SPEC S2).
+
+    Args:
+        secret: HS256 key, or ``None``.
+        public_key: RS256 PEM public key, or ``None``.
+        audience: required ``aud`` when set.
+        issuer: required ``iss`` when set.
+        profiles_claim: the claim listing granted profiles.
+    """
+
+    def __init__(
+        self,
+        secret: str | None = None,
+        public_key: str | None = None,
+        audience: str | None = None,
+        issuer: str | None = None,
+        profiles_claim: str = "profiles",
+    ) -> None:
+        self._keys: list[tuple[str, Any]] = []
+        if secret:
+            self._keys.append(("HS256", secret))
+        if public_key:
+            self._keys.append(("RS256", public_key))
+        self._audience, self._issuer, self._claim = audience, issuer, profiles_claim
+
+    def authenticate(self, credential: str | None) -> Identity:
+        if not credential or credential.count(".") != 2:
+            raise AuthError("not a JWT")
+        try:
+            algorithm = jwt.get_unverified_header(credential).get("alg")
+        except jwt.InvalidTokenError as exc:
+            raise AuthError("malformed JWT") from exc
+        for alg, key in self._keys:
+            if alg == algorithm:
+                return self._decode(credential, alg, key)
+        raise AuthError("JWT algorithm not accepted")
+
+    def _decode(self, credential: str, alg: str, key: Any) -> Identity:
+        try:
+            claims = jwt.decode(
+                credential,
+                key,
+                algorithms=[alg],
+                audience=self._audience,
+                issuer=self._issuer,
+                options={"require": ["exp", "sub"]},
+            )
+        except jwt.InvalidTokenError as exc:
+            raise AuthError(f"JWT refused: {type(exc).__name__}") from exc
+        profiles = claims.get(self._claim, [])
+        if not isinstance(profiles, list) or not all(isinstance(p, str) for p in profiles):
+            raise AuthError(f"JWT claim '{self._claim}' must be a list of strings")
+        tenant = claims.get("tenant")
+        return Identity(str(claims["sub"]), frozenset(profiles), tenant)
+
+
+class ChainAuthenticator:
+    """Try several authenticators in order; the first that accepts wins."""
+
+    def __init__(self, authenticators: Sequence[Authenticator]) -> None:
+        self._chain = list(authenticators)
+
+    def authenticate(self, credential: str | None) -> Identity:
+        reasons = []
+        for authenticator in self._chain:
+            try:
+                return authenticator.authenticate(credential)
+            except AuthError as exc:
+                reasons.append(str(exc))
+        raise AuthError("; ".join(reasons) or "no authenticator configured")
+
+
+def bearer(header: str | None) -> str | None:
+    """The credential of an ``Authorization: Bearer <token>`` header value, else ``None``."""
+    if header and header[:7].lower() == "bearer ":
+        return header[7:].strip() or None
+    return None
+
+
+def write_dev_token(data_dir: Path, profiles: Sequence[str]) -> tuple[str, Path]:
+    """Create (once) a dev token for the demo and a token file that accepts it (SPEC O1).
+
+    The token is kept in ``data_dir/dev-token`` (mode 0600) so that restarts print the
+    same one; the token file stores only its hash.
+
+    Returns:
+        ``(token, token_file_path)``.
+    """
+    data_dir.mkdir(parents=True, exist_ok=True)
+    token_path = data_dir / "dev-token"
+    if token_path.exists():
+        token = token_path.read_text().strip()
+    else:
+        token = new_token()
+        token_path.write_text(token + "\n")
+        token_path.chmod(0o600)
+    token_file = data_dir / "tokens.yaml"
+    entry = {"sha256": hash_token(token), "user": "dev", "profiles": sorted(profiles)}
+    token_file.write_text(yaml.safe_dump({"tokens": [entry]}))
+    return token, token_file

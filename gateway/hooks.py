@@ -1,0 +1,96 @@
+"""Pre- and post-execute hooks (SPEC I6, I10).
+
+A pre-execute hook sees a :class:`CallInfo` and returns ``None`` (allow) or a
+:class:`Deny` with a human reason and a stable ``reason_code``; hooks run in
+registration order and the first deny ends the call. A post-execute hook sees the call
+and the result object and returns ``None`` to keep it or a new object to replace it
+(e.g. redaction); a replaced result says so on the wire (``replaced: true``). Hooks may
+be plain functions or coroutine functions; configure them as ``module:function``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from catalog.model import ToolDef
+
+
+@dataclass(frozen=True, slots=True)
+class CallInfo:
+    """What a hook knows about a call (SPEC I5 identity, never the model's claims)."""
+
+    session_id: str
+    user: str
+    profile: str
+    call_id: str
+    tool: ToolDef
+    params: Mapping[str, Any]
+    context: Mapping[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class Deny:
+    """A pre-execute hook's refusal (SPEC I6)."""
+
+    reason: str
+    reason_code: str
+
+
+PreHook = Callable[[CallInfo], "Deny | None | Awaitable[Deny | None]"]
+PostHook = Callable[[CallInfo, dict[str, Any]], "dict[str, Any] | None | Awaitable[dict[str, Any] | None]"]
+
+
+def resolve(path: str) -> Callable[..., Any]:
+    """Import a ``module:function`` path.
+
+    Raises:
+        ValueError: the path is malformed, or the module or attribute is missing.
+    """
+    module_name, sep, attr = path.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"hook {path!r} is not 'module:function'")
+    try:
+        target = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"hook {path!r} cannot be imported: {exc}") from exc
+    if not callable(target):
+        raise ValueError(f"hook {path!r} is not callable")
+    return target  # type: ignore[no-any-return]
+
+
+async def _call(fn: Callable[..., Any], *args: Any) -> Any:
+    value = fn(*args)
+    if inspect.isawaitable(value):
+        value = await value
+    return value
+
+
+async def run_pre(hooks: Sequence[PreHook], call: CallInfo) -> Deny | None:
+    """Run pre-execute hooks in order; return the first deny, or ``None`` (SPEC I6)."""
+    for hook in hooks:
+        verdict = await _call(hook, call)
+        if isinstance(verdict, Deny):
+            return verdict
+    return None
+
+
+async def run_post(
+    hooks: Sequence[PostHook], call: CallInfo, result: dict[str, Any]
+) -> tuple[dict[str, Any], bool]:
+    """Run post-execute hooks in order (SPEC I10).
+
+    Returns:
+        ``(result, replaced)``: the final object and whether any hook replaced it.
+    """
+    replaced = False
+    for hook in hooks:
+        new = await _call(hook, call, result)
+        if new is not None:
+            if not isinstance(new, dict):
+                raise TypeError(f"post hook {hook!r} returned {type(new).__name__}, not dict")
+            result, replaced = new, True
+    return result, replaced

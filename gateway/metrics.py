@@ -1,0 +1,43 @@
+"""Prometheus metrics (SPEC O2), one registry per server so tests can run several."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+
+class Metrics:
+    """The server's metrics, exposed as Prometheus text at ``/metrics`` (SPEC O2)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.sessions = Gauge("toolbus_sessions", "Sessions by state", ["state"], registry=r)
+        self.connections = Counter("toolbus_connections_total", "Accepted sockets", registry=r)
+        self.invocations = Counter(
+            "toolbus_invocations_total", "Invocations by outcome", ["outcome"], registry=r
+        )
+        self.latency = Histogram(
+            "toolbus_invoke_seconds",
+            "Invoke latency from receipt to terminal reply, in seconds",
+            ["mode"],
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=r,
+        )
+        self.jobs = Gauge("toolbus_jobs", "Jobs of this process by state", ["state"], registry=r)
+        self.jobs_finished = Counter(
+            "toolbus_jobs_finished_total", "Finished jobs by state", ["state"], registry=r
+        )
+        self.pending_approvals = Gauge(
+            "toolbus_pending_approvals", "Approvals awaiting a decision", registry=r
+        )
+        self.replayed = Counter(
+            "toolbus_replayed_events_total", "Events re-sent on resume", registry=r
+        )
+        self.closes = Counter(
+            "toolbus_closes_total", "Sockets closed by the server, by close code", ["code"], registry=r
+        )
+        self.errors = Counter("toolbus_errors_total", "Error replies by code", ["code"], registry=r)
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition format, version 0.0.4."""
+        return generate_latest(self.registry)

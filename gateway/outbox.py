@@ -1,0 +1,157 @@
+"""Outbound path: group commit, then delivery through a bounded per-socket queue.
+
+Every frame a session sends goes through :class:`Outbox`. Durable events were already
+staged in the store by :meth:`gateway.session.Session.emit`; the outbox commits all that
+is staged once per event-loop tick and only then hands the frames to the sockets, in
+order (SPEC D1: appended to the log before it is sent). Replies ride the same queue so
+that a reply never overtakes an event emitted before it.
+
+:class:`Link` is one socket's writer: a queue bounded in bytes (SPEC D5). A peer that
+stops reading fills it and is closed with 1013; nothing is lost, since every durable
+event is in the log and comes back by replay on resume.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
+
+from websockets.asyncio.server import ServerConnection
+from websockets.exceptions import ConnectionClosed
+
+from protocol.errors import CloseCode
+
+if TYPE_CHECKING:
+    from gateway.store import Store
+
+logger = logging.getLogger("gateway.outbox")
+
+
+class Recipient(Protocol):
+    """Whatever holds the current link of a session (``None`` while disconnected)."""
+
+    link: Link | None
+
+
+class Link:
+    """The writer of one WebSocket: a byte-bounded queue drained by one task (SPEC D5).
+
+    Args:
+        ws: the server-side connection.
+        max_bytes: bytes that may wait in the queue; past it the socket closes 1013.
+        on_overflow: called once when the bound is crossed (metrics, logs).
+    """
+
+    def __init__(
+        self, ws: ServerConnection, max_bytes: int, on_overflow: Callable[[], None]
+    ) -> None:
+        self.ws = ws
+        self.max_bytes = max_bytes
+        self.closed = False
+        self._on_overflow = on_overflow
+        self._queue: deque[bytes] = deque()
+        self._queued_bytes = 0
+        self._wakeup = asyncio.Event()
+        self._task = asyncio.get_running_loop().create_task(self._drain())
+
+    def push(self, data: bytes) -> None:
+        """Queue one encoded text frame; never blocks. Dropped once the link is closed."""
+        if self.closed:
+            return
+        self._queue.append(data)
+        self._queued_bytes += len(data)
+        if self._queued_bytes > self.max_bytes:
+            self._overflow()
+            return
+        self._wakeup.set()
+
+    @property
+    def queued_bytes(self) -> int:
+        return self._queued_bytes
+
+    def close(self, code: CloseCode, reason: str) -> None:
+        """Stop writing and close the socket with ``code`` (queued frames are dropped)."""
+        if self.closed:
+            return
+        self.closed = True
+        self._queue.clear()
+        self._queued_bytes = 0
+        self._task.cancel()
+        asyncio.get_running_loop().create_task(self._close(code, reason))
+
+    async def flush_and_close(self, code: CloseCode, reason: str) -> None:
+        """Send what is queued, then close with ``code`` (SPEC S4 drain)."""
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            while self._queue:
+                data = self._queue.popleft()
+                await self.ws.send(data, text=True)
+        except ConnectionClosed:
+            pass
+        self._task.cancel()
+        await self._close(code, reason)
+
+    async def _close(self, code: CloseCode, reason: str) -> None:
+        try:
+            await self.ws.close(int(code), reason)
+        except ConnectionClosed:
+            pass
+
+    def _overflow(self) -> None:
+        logger.warning(
+            "closing slow consumer: %d bytes queued > %d", self._queued_bytes, self.max_bytes
+        )
+        self._on_overflow()
+        self.close(CloseCode.TRY_AGAIN_LATER, "slow consumer: outbound buffer full")
+
+    async def _drain(self) -> None:
+        queue, ws = self._queue, self.ws
+        try:
+            while True:
+                await self._wakeup.wait()
+                self._wakeup.clear()
+                while queue:
+                    data = queue.popleft()
+                    self._queued_bytes -= len(data)
+                    await ws.send(data, text=True)
+        except ConnectionClosed:
+            self.closed = True
+
+
+class Outbox:
+    """Group commit and ordered delivery for every session (SPEC D1).
+
+    Args:
+        store: the store whose staged writes :meth:`flush` commits.
+    """
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._pending: list[tuple[Recipient, bytes]] = []
+        self._scheduled = False
+
+    def put(self, recipient: Recipient, data: bytes) -> None:
+        """Queue a frame for ``recipient``; it leaves after the next commit."""
+        self._pending.append((recipient, data))
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self.flush)
+
+    def flush(self) -> None:
+        """Commit what is staged, then deliver the queued frames in order.
+
+        Frames of a recipient without a link are dropped here: durable ones are in the
+        log and come back by replay (SPEC D3); replies to a gone socket have no reader.
+        """
+        self._scheduled = False
+        self._store.commit()
+        pending, self._pending = self._pending, []
+        for recipient, data in pending:
+            link = recipient.link
+            if link is not None:
+                link.push(data)

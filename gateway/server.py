@@ -1,0 +1,309 @@
+"""The toolbus server: one process, one port, WebSocket plus HTTP side routes (SPEC S, O2).
+
+:class:`Gateway` wires the parts: configuration, store, outbox, sessions, catalog,
+approvals, job runner, pipeline, metrics. :meth:`Gateway.start` binds the port with
+websockets' asyncio server; :meth:`Gateway.drain` is the graceful stop (SPEC S4).
+
+The upgrade is vetted in :meth:`Gateway._process_request` before any session exists:
+the Origin allowlist (SPEC S2, case F15: HTTP 403), the ``toolbus.v1`` subprotocol
+(SPEC S1: HTTP 400 naming what is supported), and no credentials in the URL query
+(SPEC S2: they end up in access logs). Plain HTTP GETs get ``/healthz``, ``/readyz``,
+``/metrics`` (Prometheus text) and the demo console (SPEC O2, K2).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import http
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.datastructures import Headers
+from websockets.http11 import Request, Response
+
+from gateway import hooks
+from gateway.approvals import Approvals
+from gateway.auth import Authenticator, ChainAuthenticator, JwtAuthenticator, TokenFileAuthenticator
+from gateway.catalog_state import CatalogState
+from gateway.config import Settings
+from gateway.connection import Handler, bucket_factory
+from gateway.jobs import JobRunner
+from gateway.metrics import Metrics
+from gateway.outbox import Outbox
+from gateway.pipeline import Pipeline
+from gateway.session import Session, SessionTable
+from gateway.store import SqliteStore, Store
+from protocol import messages as m
+from protocol.errors import CloseCode
+from protocol.version import SUPPORTED, negotiate, refusal_reason
+
+logger = logging.getLogger("gateway.server")
+
+STATIC_DIR = Path(__file__).resolve().parent / "static"
+_STATIC_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
+                 ".css": "text/css; charset=utf-8", ".png": "image/png"}
+_CREDENTIAL_PARAMS = frozenset({"token", "access_token", "jwt", "auth", "authorization", "resume_token"})
+
+
+def build_authenticator(settings: Settings) -> Authenticator:
+    """The authenticator chain the configuration names (SPEC S2)."""
+    auth = settings.auth
+    chain: list[Authenticator] = []
+    if auth.token_file is not None:
+        chain.append(TokenFileAuthenticator(auth.token_file))
+    if auth.jwt_secret or auth.jwt_public_key_file:
+        key = auth.jwt_public_key_file.read_text() if auth.jwt_public_key_file else None
+        chain.append(JwtAuthenticator(auth.jwt_secret, key, auth.jwt_audience, auth.jwt_issuer, auth.jwt_profiles_claim))
+    return ChainAuthenticator(chain)
+
+
+def _response(status: http.HTTPStatus, body: bytes, content_type: str) -> Response:
+    headers = Headers([("Content-Type", content_type), ("Content-Length", str(len(body))),
+                       ("Cache-Control", "no-store")])
+    return Response(status.value, status.phrase, headers, body)
+
+
+class Gateway:
+    """A toolbus server (SPEC S1-S5).
+
+    Args:
+        settings: the configuration.
+        authenticator: overrides the one built from ``settings.auth`` (tests, embedding).
+        store: overrides the SQLite store at ``data_dir/toolbus.db``.
+    """
+
+    def __init__(self, settings: Settings, authenticator: Authenticator | None = None, store: Store | None = None) -> None:
+        self.settings = settings
+        self.clock = time.time
+        self.metrics = Metrics()
+        self.authenticator = authenticator or build_authenticator(settings)
+        self.store: Store = store or SqliteStore(settings.data_dir / "toolbus.db")
+        self.catalog = CatalogState(settings.catalog.tools, settings.catalog.profiles)
+        self.limits = m.Limits(
+            max_message_bytes=settings.server.max_message_bytes,
+            heartbeat_interval=settings.server.heartbeat_interval,
+            heartbeat_timeout=settings.server.heartbeat_timeout,
+            max_inflight_calls=settings.limits.max_inflight_calls,
+            invoke_rate=settings.limits.invoke_rate,
+            invoke_burst=settings.limits.invoke_burst,
+            max_pending_approvals=settings.limits.max_pending_approvals,
+            max_sessions_per_user=settings.limits.max_sessions_per_user,
+            resume_window=settings.sessions.resume_window,
+            max_unacked_events=settings.sessions.max_unacked_events,
+        )
+        self.bucket = bucket_factory(settings.limits.invoke_rate, settings.limits.invoke_burst)
+        self.pool = ThreadPoolExecutor(settings.calls.worker_threads, thread_name_prefix="toolbus-handler")
+        self.pre_hooks = [hooks.resolve(p) for p in settings.calls.pre_hooks]
+        self.post_hooks = [hooks.resolve(p) for p in settings.calls.post_hooks]
+        self.server: Server | None = None
+        self.port = 0
+        self.ready = False
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- wiring that needs a running loop ----------------------------------------------
+
+    def _wire(self) -> None:
+        self.outbox = Outbox(self.store)
+        self.sessions = SessionTable(
+            self.store, self.outbox, self.settings.sessions.resume_window,
+            self.settings.sessions.max_unacked_events, self._on_session_end,
+        )
+        self.approvals = Approvals(self.settings.calls.approval_timeout, self.clock)
+        self.jobs = JobRunner(self.store, self.settings.jobs, self.metrics, self.pool, self.clock)
+        self.pipeline = Pipeline(
+            self.catalog, self.approvals, self.jobs, self.settings.calls, self.settings.limits,
+            self.pre_hooks, self.post_hooks, self.metrics, self.pool, self.settings.data_dir, self.clock,
+        )
+
+    def _on_session_end(self, session: Session) -> None:
+        """SPEC A4, I8: the end of a session denies its approvals and cancels its calls."""
+        self.approvals.settle_session(session.id, m.ResolutionReason.DISCONNECTED)
+        for call_id in list(session.inflight):
+            self.pipeline.cancel(session, call_id)
+
+    def _recover(self) -> None:
+        """Bring stored sessions back after a restart, parked (SPEC D3, J5)."""
+        now = self.clock()
+        window = self.settings.sessions.resume_window
+        for row in self.store.all_sessions():
+            if row.expires_at is not None and row.expires_at < now:
+                self.store.delete_session(row.session_id)
+                continue
+            session = self.sessions.adopt(row, self.catalog.current.profile(row.profile), self.bucket())
+            session.catalog_names = self.catalog.view(session)[2]
+            session.link = None
+            expires = row.expires_at if row.expires_at is not None else now + window
+            session.expires_at = None
+            # park() needs a link to detach; a restarted session has none, so set the timer here.
+            session.expires_at = expires
+            session.save()
+            session._expiry = asyncio.get_running_loop().call_later(max(0.0, expires - now), self.sessions.end, session)
+        for session_id, call_id, state in self.store.running_calls():
+            self._interrupt_call(session_id, call_id, state)
+        count = self.jobs.recover(self.sessions.sessions)
+        self.store.commit()
+        if self.sessions.sessions or count:
+            logger.info("recovered %d sessions, %d interrupted jobs", len(self.sessions.sessions), count)
+
+    def _interrupt_call(self, session_id: str, call_id: str, state: str) -> None:
+        """A call a restart cut off ends ``cancelled`` (SPEC I12: one terminal reply)."""
+        session = self.sessions.get(session_id)
+        if session is None:
+            return
+        if state.startswith("awaiting:"):
+            approval_id = state.partition(":")[2]
+            session.emit(m.ToolResolved, call_id=call_id, approval_id=approval_id, tool="",
+                         resolution=m.Resolution.DENIED, reason=m.ResolutionReason.DISCONNECTED)
+        body = session.emit(m.CallError, call_id=call_id, tool="", code="cancelled",
+                            message="the server restarted while this call ran")
+        session.done_calls.add(call_id)
+        self.store.stage_call(session_id, call_id, "done", body)
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Bind the port and start serving (SPEC S1)."""
+        self._wire()
+        self._recover()
+        cfg = self.settings.server
+        self.server = await serve(
+            self._handle,
+            cfg.host,
+            cfg.port,
+            subprotocols=list(SUPPORTED),
+            process_request=self._process_request,
+            max_size=cfg.max_message_bytes,
+            ping_interval=cfg.heartbeat_interval or None,
+            ping_timeout=cfg.heartbeat_timeout or None,
+            compression=None,
+            server_header="toolbus",
+        )
+        self.port = self.server.sockets[0].getsockname()[1] if self.server.sockets else cfg.port
+        loop = asyncio.get_running_loop()
+        if self.settings.catalog.hot_reload:
+            self._tasks.append(loop.create_task(
+                self.catalog.watch(self.settings.catalog.reload_interval, lambda: self.sessions.sessions.values())
+            ))
+        self._tasks.append(loop.create_task(self._purge_loop()))
+        self.ready = True
+        logger.info("listening on ws://%s:%d/", cfg.host, self.port)
+
+    @property
+    def url(self) -> str:
+        return f"ws://{self.settings.server.host}:{self.port}/"
+
+    async def _purge_loop(self) -> None:
+        while True:
+            await asyncio.sleep(60)
+            self.store.purge(self.clock(), self.settings.jobs.retention)
+
+    async def drain(self) -> None:
+        """Graceful stop (SPEC S4): ``reconnect`` + 1012 to every socket, state durable."""
+        self.ready = False
+        if self.server is None:
+            return
+        self.server.close(close_connections=False)
+        for task in self._tasks:
+            task.cancel()
+        await self.jobs.shutdown()
+        hint = m.Reconnect(reason="server restart", retry_after=self.settings.server.drain_retry_after)
+        closing = []
+        for session in list(self.sessions.sessions.values()):
+            if session.link is not None:
+                session.reply(hint)
+        self.outbox.flush()
+        for session in list(self.sessions.sessions.values()):
+            link = session.link
+            if link is not None:
+                self.metrics.closes.labels(str(int(CloseCode.SERVICE_RESTART))).inc()
+                closing.append(link.flush_and_close(CloseCode.SERVICE_RESTART, "server restart"))
+        await asyncio.gather(*closing, return_exceptions=True)
+        await self.server.wait_closed()
+        self.outbox.flush()
+        self.store.close()
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+    async def __aenter__(self) -> Gateway:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.drain()
+
+    # -- the socket ------------------------------------------------------------------------
+
+    async def _handle(self, ws: ServerConnection) -> None:
+        await Handler(self, ws).serve()
+
+    def _allowed_origins(self) -> set[str]:
+        if self.settings.server.origins:
+            return set(self.settings.server.origins)
+        host = self.settings.server.host
+        return {f"http://{h}:{self.port}" for h in {host, "127.0.0.1", "localhost"}}
+
+    def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
+        url = urlsplit(request.path)
+        is_upgrade = "websocket" in request.headers.get("Upgrade", "").lower()
+        if not is_upgrade:
+            return self._http(url.path)
+        if _CREDENTIAL_PARAMS & {k.lower() for k in parse_qs(url.query)}:
+            return connection.respond(http.HTTPStatus.BAD_REQUEST, "credentials are not accepted in the URL; send them in hello or the Authorization header\n")
+        origin = request.headers.get("Origin")
+        if origin is not None and origin not in self._allowed_origins():
+            logger.warning("refused upgrade from origin %s (SPEC S2)", origin)
+            return connection.respond(http.HTTPStatus.FORBIDDEN, "origin not allowed\n")
+        offered = [p.strip() for h in request.headers.get_all("Sec-WebSocket-Protocol") for p in h.split(",")]
+        if negotiate(offered) is None:
+            return connection.respond(http.HTTPStatus.BAD_REQUEST, refusal_reason(offered) + "\n")
+        return None
+
+    def _http(self, path: str) -> Response:
+        """SPEC O2 side routes and the demo console (SPEC K2)."""
+        if path == "/healthz":
+            return _response(http.HTTPStatus.OK, b"ok\n", "text/plain; charset=utf-8")
+        if path == "/readyz":
+            status = http.HTTPStatus.OK if self.ready else http.HTTPStatus.SERVICE_UNAVAILABLE
+            return _response(status, b"ready\n" if self.ready else b"draining\n", "text/plain; charset=utf-8")
+        if path == "/metrics":
+            self._update_gauges()
+            return _response(http.HTTPStatus.OK, self.metrics.render(), "text/plain; version=0.0.4; charset=utf-8")
+        return self._static(path)
+
+    def _update_gauges(self) -> None:
+        live = sum(1 for s in self.sessions.sessions.values() if s.link is not None)
+        self.metrics.sessions.labels("live").set(live)
+        self.metrics.sessions.labels("parked").set(len(self.sessions.sessions) - live)
+
+    def _static(self, path: str) -> Response:
+        name = "index.html" if path in ("/", "") else path.lstrip("/")
+        if name.startswith("static/"):
+            name = name[len("static/"):]
+        target = (STATIC_DIR / name).resolve()
+        if STATIC_DIR.resolve() not in target.parents or not target.is_file():
+            return _response(http.HTTPStatus.NOT_FOUND, b"not found\n", "text/plain; charset=utf-8")
+        content_type = _STATIC_TYPES.get(target.suffix, "application/octet-stream")
+        return _response(http.HTTPStatus.OK, target.read_bytes(), content_type)
+
+
+async def run(settings: Settings, started: asyncio.Event | None = None) -> None:
+    """Serve until cancelled or signalled, then drain (SPEC S4)."""
+    import signal
+
+    gateway = Gateway(settings)
+    await gateway.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    if started is not None:
+        started.set()
+    try:
+        await stop.wait()
+    finally:
+        await gateway.drain()

@@ -1,0 +1,283 @@
+"""Sessions: identity, context, the event log's sequence, and where to send (SPEC D1-D4).
+
+A :class:`Session` outlives its sockets. While a socket holds it, ``link`` is that
+socket's writer; when the socket goes, the session is *parked* for the resume window
+(SPEC D2) and its events keep landing in the log. :class:`SessionTable` owns every
+session of the process, their resume deadlines and per-user counts (SPEC E2).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel
+
+from catalog.model import Profile
+from gateway.auth import hash_token
+from gateway.outbox import Link, Outbox
+from gateway.store import SessionRow, Store
+from protocol.codec import encode
+
+logger = logging.getLogger("gateway.session")
+
+
+@dataclass(slots=True)
+class TokenBucket:
+    """Invoke rate limit (SPEC E2): ``rate`` tokens per second, at most ``burst`` saved."""
+
+    rate: float
+    burst: float
+    tokens: float
+    stamp: float
+
+    def take(self, now: float) -> bool:
+        """Spend one token at time ``now`` (seconds); ``False`` when none is left."""
+        self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
+        self.stamp = now
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            return True
+        return False
+
+
+@dataclass(slots=True, eq=False)
+class Session:
+    """One session's state in memory. Create through :class:`SessionTable`."""
+
+    id: str
+    token_hash: str
+    user: str
+    tenant: str | None
+    profile: Profile
+    context: dict[str, str]
+    options: dict[str, Any]
+    grants: set[str]
+    last_seq: int
+    acked_seq: int
+    floor_seq: int
+    created_at: float
+    bucket: TokenBucket
+    store: Store
+    outbox: Outbox
+    max_unacked: int
+    origin: str | None = None
+    link: Link | None = None
+    expires_at: float | None = None
+    catalog_version: str | None = None
+    catalog_names: frozenset[str] = frozenset()
+    inflight: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    done_calls: set[str] = field(default_factory=set)
+    pending_approvals: set[str] = field(default_factory=set)
+    ended: bool = False
+    _expiry: asyncio.TimerHandle | None = None
+
+    @property
+    def confirm_tool_calls(self) -> bool:
+        return bool(self.options.get("confirm_tool_calls", False))
+
+    def emit(self, cls: type[BaseModel], **fields: Any) -> bytes:
+        """Append a durable event to the log and queue it for sending (SPEC D1).
+
+        Args:
+            cls: a :data:`protocol.messages.DurableEvent` class.
+            **fields: its fields except ``seq``, which is assigned here (gap-free).
+
+        Returns:
+            The encoded event; its ``seq`` is now :attr:`last_seq`. An ended session
+            logs and sends nothing.
+        """
+        seq = self.last_seq + 1
+        data = encode(cls(seq=seq, **fields))
+        if self.ended:
+            return data
+        self.last_seq = seq
+        self.store.stage_event(self.id, seq, data)
+        if seq - self.floor_seq > self.max_unacked:
+            self.floor_seq = seq - self.max_unacked
+        self.store.stage_seq(self.id, seq, self.acked_seq, self.floor_seq)
+        self.outbox.put(self, data)
+        return data
+
+    def emit_raw(self, data: bytes) -> None:
+        """Queue already-encoded bytes (a recorded event re-sent for I12) or a reply."""
+        self.outbox.put(self, data)
+
+    def reply(self, message: BaseModel) -> None:
+        """Queue a non-durable reply; it is not logged and not replayed."""
+        self.outbox.put(self, encode(message))
+
+    def ack(self, seq: int) -> None:
+        """Cumulative acknowledgement (SPEC D2): events up to ``seq`` may be trimmed."""
+        seq = min(seq, self.last_seq)
+        if seq <= self.acked_seq:
+            return
+        self.acked_seq = seq
+        self.floor_seq = max(self.floor_seq, seq)
+        self.store.stage_seq(self.id, self.last_seq, self.acked_seq, self.floor_seq)
+
+    def row(self) -> SessionRow:
+        """The durable form of this session (SPEC D3)."""
+        return SessionRow(
+            session_id=self.id,
+            token_hash=self.token_hash,
+            user=self.user,
+            tenant=self.tenant,
+            profile=self.profile.name,
+            context=dict(self.context),
+            options=dict(self.options),
+            grants=sorted(self.grants),
+            last_seq=self.last_seq,
+            acked_seq=self.acked_seq,
+            floor_seq=self.floor_seq,
+            created_at=self.created_at,
+            expires_at=self.expires_at,
+            catalog_version=self.catalog_version,
+        )
+
+    def save(self) -> None:
+        """Stage the whole session row (context, grants, options changed)."""
+        self.store.stage_session(self.row())
+
+    def token_matches(self, resume_token: str) -> bool:
+        return hmac.compare_digest(self.token_hash, hash_token(resume_token))
+
+
+class SessionTable:
+    """Every session of this process, live or parked (SPEC D2-D4, E2).
+
+    Args:
+        store: durable state.
+        outbox: the shared outbound path.
+        resume_window: seconds a parked session stays resumable.
+        max_unacked: events kept per session before the oldest are dropped.
+        on_end: called with each session that ends (calls cancelled, approvals denied).
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        outbox: Outbox,
+        resume_window: float,
+        max_unacked: int,
+        on_end: Callable[[Session], None],
+    ) -> None:
+        self.store = store
+        self.outbox = outbox
+        self.resume_window = resume_window
+        self.max_unacked = max_unacked
+        self._on_end = on_end
+        self.sessions: dict[str, Session] = {}
+        self._per_user: dict[str, int] = {}
+
+    def count_for(self, user: str) -> int:
+        return self._per_user.get(user, 0)
+
+    def new(
+        self,
+        user: str,
+        tenant: str | None,
+        profile: Profile,
+        context: dict[str, str],
+        options: dict[str, Any],
+        bucket: TokenBucket,
+        now_wall: float,
+    ) -> tuple[Session, str]:
+        """Create a session; returns it and its resume token (shown once, stored hashed)."""
+        resume_token = secrets.token_urlsafe(32)
+        session = Session(
+            id="s_" + secrets.token_urlsafe(16),
+            token_hash=hash_token(resume_token),
+            user=user,
+            tenant=tenant,
+            profile=profile,
+            context=context,
+            options=options,
+            grants=set(),
+            last_seq=0,
+            acked_seq=0,
+            floor_seq=0,
+            created_at=now_wall,
+            bucket=bucket,
+            store=self.store,
+            outbox=self.outbox,
+            max_unacked=self.max_unacked,
+        )
+        self._add(session)
+        session.save()
+        return session, resume_token
+
+    def adopt(self, row: SessionRow, profile: Profile, bucket: TokenBucket) -> Session:
+        """Bring a stored session back into memory (after a restart), parked."""
+        session = Session(
+            id=row.session_id,
+            token_hash=row.token_hash,
+            user=row.user,
+            tenant=row.tenant,
+            profile=profile,
+            context=dict(row.context),
+            options=dict(row.options),
+            grants=set(row.grants),
+            last_seq=row.last_seq,
+            acked_seq=row.acked_seq,
+            floor_seq=row.floor_seq,
+            created_at=row.created_at,
+            bucket=bucket,
+            store=self.store,
+            outbox=self.outbox,
+            max_unacked=self.max_unacked,
+            catalog_version=row.catalog_version,
+        )
+        session.done_calls.update(self.store.done_call_ids(row.session_id))
+        self._add(session)
+        return session
+
+    def _add(self, session: Session) -> None:
+        self.sessions[session.id] = session
+        self._per_user[session.user] = self._per_user.get(session.user, 0) + 1
+
+    def get(self, session_id: str | None) -> Session | None:
+        return self.sessions.get(session_id) if session_id else None
+
+    def attach(self, session: Session, link: Link) -> Link | None:
+        """Give ``session`` a live socket; returns the link it replaces (SPEC D4)."""
+        old, session.link = session.link, link
+        if session._expiry is not None:
+            session._expiry.cancel()
+            session._expiry = None
+        if session.expires_at is not None:
+            session.expires_at = None
+            session.save()
+        return old
+
+    def park(self, session: Session, link: Link, now_wall: float, delay: float | None = None) -> None:
+        """Detach ``link`` (if still current) and start the resume window (SPEC D2)."""
+        if session.link is not link or session.ended:
+            return
+        session.link = None
+        wait = self.resume_window if delay is None else delay
+        session.expires_at = now_wall + wait
+        session.save()
+        loop = asyncio.get_running_loop()
+        session._expiry = loop.call_later(wait, self.end, session)
+
+    def end(self, session: Session) -> None:
+        """End a session for good: no resume; calls cancelled, approvals denied (SPEC A4)."""
+        if session.ended:
+            return
+        session.ended = True
+        if session._expiry is not None:
+            session._expiry.cancel()
+        self.sessions.pop(session.id, None)
+        self._per_user[session.user] -= 1
+        if not self._per_user[session.user]:
+            del self._per_user[session.user]
+        self._on_end(session)
+        self.outbox.flush()
+        self.store.delete_session(session.id)
+        logger.info("session %s ended", session.id)
