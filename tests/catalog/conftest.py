@@ -1,13 +1,7 @@
-"""Fixtures of the catalog tests: a tool factory and a YAML writer.
-
-Also makes the repository root importable when pytest runs from the bare ``pytest``
-script (the project is not installed and pyproject.toml sets no ``pythonpath`` yet;
-``[tool.pytest.ini_options] pythonpath = ["."]`` would make this unnecessary).
-"""
+"""Fixtures of the catalog tests: a tool factory and a YAML writer."""
 
 from __future__ import annotations
 
-import sys
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
@@ -21,12 +15,8 @@ from openai.types.realtime.realtime_function_tool_param import RealtimeFunctionT
 from openai.types.realtime.session_update_event_param import SessionUpdateEventParam
 from pydantic import TypeAdapter
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from catalog.exports import to_anthropic, to_mcp, to_openai_chat, to_openai_realtime  # noqa: E402
-from catalog.model import Mode, ToolDef, Visibility  # noqa: E402
+from catalog.exports import to_anthropic, to_mcp, to_openai_chat, to_openai_realtime
+from catalog.model import Mode, ToolDef, Visibility
 
 ToolFactory = Callable[..., ToolDef]
 YamlWriter = Callable[[str, str], Path]

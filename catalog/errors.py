@@ -1,0 +1,54 @@
+"""Load errors of the catalog (SPEC C1).
+
+Loading never stops at the first problem: every problem found in every file becomes a
+:class:`LoadIssue`, and :class:`CatalogError` carries them all, so one ``toolbus check``
+run shows everything to fix.
+
+Exception tree::
+
+    CatalogError        the catalog or profile files are invalid; nothing was loaded
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class LoadIssue:
+    """One problem in the catalog or profile files (SPEC C1).
+
+    Attributes:
+        file: the file (or in-memory source label) the problem is in.
+        tool: the tool or profile concerned (``profile:NAME`` for profiles), or ``None``
+            for a file-level problem.
+        message: what is wrong, naming the key when there is one.
+    """
+
+    file: str
+    tool: str | None
+    message: str
+
+    def __str__(self) -> str:
+        where = f"{self.file}: {self.tool}" if self.tool is not None else self.file
+        return f"{where}: {self.message}"
+
+
+class CatalogError(Exception):
+    """The catalog could not be loaded; :attr:`issues` lists every problem (SPEC C1).
+
+    Args:
+        issues: every problem found, in file order; at least one.
+    """
+
+    def __init__(self, issues: list[LoadIssue]) -> None:
+        self.issues: list[LoadIssue] = list(issues)
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        count = len(self.issues)
+        header = f"{count} catalog issue{'s' if count != 1 else ''}"
+        return "\n".join([header + ":", *(f"  {issue}" for issue in self.issues)])
+
+    def __str__(self) -> str:
+        return self._render()
