@@ -24,7 +24,7 @@ DEMO_DIR = Path(__file__).resolve().parent / "demo"
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
 class ServerConfig(_Section):
@@ -139,7 +139,11 @@ class Settings(BaseSettings):
     """The whole configuration (SPEC O4). Load with :func:`load_settings`."""
 
     model_config = SettingsConfigDict(
-        env_prefix="TOOLBUS_", env_nested_delimiter="__", extra="forbid", frozen=True
+        env_prefix="TOOLBUS_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        frozen=True,
+        use_attribute_docstrings=True,
     )
 
     data_dir: Path = Path("toolbus-data")
@@ -189,3 +193,61 @@ def load_settings(path: Path | None = None, **overrides: Any) -> Settings:
         model_config = SettingsConfigDict(yaml_file=path)
 
     return FileSettings(**overrides)
+
+
+def reference_markdown() -> str:
+    """``docs/configuration.md``, generated from the fields above (a test keeps it in step).
+
+    Returns:
+        Markdown: one table per section with key, default, environment variable and
+        meaning.
+    """
+    lines = [
+        "# Configuration reference",
+        "",
+        "Generated from `gateway/config.py` (`python -c 'from gateway.config import "
+        "reference_markdown as r; print(r(), end=\"\")' > docs/configuration.md`);",
+        "`tests/gateway/test_config.py` fails when this file is out of date.",
+        "",
+        "toolbus reads one YAML file (`toolbus serve --config FILE`), then environment",
+        "variables `TOOLBUS_<SECTION>__<KEY>` override it (SPEC O4). Times are in seconds,",
+        "sizes in bytes. Example:",
+        "",
+        "```yaml",
+        "data_dir: /var/lib/toolbus",
+        "server: {host: 0.0.0.0, port: 8765, origins: [\"https://app.example\"]}",
+        "auth: {token_file: /etc/toolbus/tokens.yaml}",
+        "catalog: {tools: [/etc/toolbus/tools], profiles: [/etc/toolbus/profiles.yaml]}",
+        "limits: {invoke_rate: 20}",
+        "```",
+        "",
+        "| key | default | environment | meaning |",
+        "| --- | --- | --- | --- |",
+        _row("data_dir", Settings.model_fields["data_dir"], "TOOLBUS_DATA_DIR"),
+    ]
+    for section, info in Settings.model_fields.items():
+        model = info.annotation
+        if not (isinstance(model, type) and issubclass(model, _Section)):
+            continue
+        lines += ["", f"## `{section}`", "", "| key | default | environment | meaning |",
+                  "| --- | --- | --- | --- |"]
+        for key, field in model.model_fields.items():
+            env = f"TOOLBUS_{section.upper()}__{key.upper()}"
+            lines.append(_row(f"{section}.{key}", field, env))
+    return "\n".join(lines) + "\n"
+
+
+def _row(key: str, field: Any, env: str) -> str:
+    default = field.get_default(call_default_factory=True)
+    if isinstance(default, list):
+        shown = "[" + ", ".join(_show(v) for v in default) + "]"
+    else:
+        shown = _show(default)
+    text = " ".join((field.description or "").split()).replace("|", "\\|")
+    return f"| `{key}` | `{shown}` | `{env}` | {text} |"
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, Path) and value.is_absolute() and DEMO_DIR in value.parents:
+        return f"<demo>/{value.name}"
+    return str(value)

@@ -39,7 +39,7 @@ from protocol import messages as m
 from protocol.errors import ErrorCode
 
 if TYPE_CHECKING:
-    from gateway.server import CatalogState
+    from gateway.catalog_state import CatalogState
 
 logger = logging.getLogger("gateway.pipeline")
 

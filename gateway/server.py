@@ -17,7 +17,9 @@ import asyncio
 import contextlib
 import http
 import logging
+import signal
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
@@ -25,6 +27,7 @@ from urllib.parse import parse_qs, urlsplit
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
+from websockets.typing import Subprotocol
 
 from gateway import hooks
 from gateway.approvals import Approvals
@@ -175,7 +178,7 @@ class Gateway:
             self._handle,
             cfg.host,
             cfg.port,
-            subprotocols=list(SUPPORTED),
+            subprotocols=[Subprotocol(name) for name in SUPPORTED],
             process_request=self._process_request,
             max_size=cfg.max_message_bytes,
             ping_interval=cfg.heartbeat_interval or None,
@@ -290,10 +293,13 @@ class Gateway:
         return _response(http.HTTPStatus.OK, target.read_bytes(), content_type)
 
 
-async def run(settings: Settings, started: asyncio.Event | None = None) -> None:
-    """Serve until cancelled or signalled, then drain (SPEC S4)."""
-    import signal
+async def run(settings: Settings, on_started: Callable[[Gateway], None] | None = None) -> None:
+    """Serve until SIGTERM or SIGINT, then drain (SPEC S4).
 
+    Args:
+        settings: the configuration.
+        on_started: called once the port is bound (the CLI prints the URL).
+    """
     gateway = Gateway(settings)
     await gateway.start()
     stop = asyncio.Event()
@@ -301,8 +307,8 @@ async def run(settings: Settings, started: asyncio.Event | None = None) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
-    if started is not None:
-        started.set()
+    if on_started is not None:
+        on_started(gateway)
     try:
         await stop.wait()
     finally:

@@ -1,0 +1,132 @@
+"""The ``toolbus`` command (SPEC O1): serve, check, catalog, schema, token."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed
+
+from gateway.auth import hash_token
+from gateway.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_check_ok(capsys: pytest.CaptureFixture[str]) -> None:
+    """SPEC O1/C1: `toolbus check` validates the bundled catalog."""
+    assert main(["check"]) == 0
+    assert capsys.readouterr().out == "ok: 10 tools, 4 profiles\n"
+
+
+def test_check_reports_every_issue(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """SPEC O1/C1: a broken catalog exits 1 and names the file and the tool."""
+    tools = tmp_path / "tools.yaml"
+    tools.write_text("tools:\n  - name: broken\n    description: x\n    capability: c\n    mode: sync\n"
+                     "    handler: nowhere.at_all:fn\n    parameters: {type: object}\n")
+    config = tmp_path / "toolbus.yaml"
+    config.write_text(yaml.safe_dump({"catalog": {"tools": [str(tools)], "profiles": []}}))
+    assert main(["check", "--config", str(config)]) == 1
+    err = capsys.readouterr().err
+    assert str(tools) in err and "broken" in err and "nowhere.at_all" in err
+
+
+@pytest.mark.parametrize("fmt", ["wire", "openai-realtime", "openai-chat", "anthropic", "mcp"])
+def test_catalog_formats(fmt: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """SPEC C4/O1: every export format prints the profile's filtered catalog as JSON."""
+    assert main(["catalog", "--profile", "readonly", "--format", fmt]) == 0
+    out = json.loads(capsys.readouterr().out)
+    tools = out["tools"] if fmt == "wire" else out
+    names = {t.get("name") or t.get("function", {}).get("name") for t in tools}
+    assert "notes_delete" not in names and "notes_list" in names
+
+
+def test_catalog_context_shows_scoped_tool(capsys: pytest.CaptureFixture[str]) -> None:
+    """SPEC C1/C4: a project-scoped tool appears only with its context key."""
+    assert main(["catalog", "--profile", "demo"]) == 0
+    assert "project_summary" not in capsys.readouterr().out
+    assert main(["catalog", "--profile", "demo", "--context", "project_id=p1"]) == 0
+    assert "project_summary" in capsys.readouterr().out
+
+
+def test_catalog_unknown_profile(capsys: pytest.CaptureFixture[str]) -> None:
+    """SPEC C2/O1: an unknown profile is an error listing the known ones."""
+    assert main(["catalog", "--profile", "nope"]) == 1
+    assert "known: demo, legacy, readonly, voice" in capsys.readouterr().err
+
+
+def test_schema_check_in_step(capsys: pytest.CaptureFixture[str]) -> None:
+    """SPEC layout: `toolbus schema --check` passes on the checked-in schema/."""
+    assert main(["schema", "--check", "--out", str(ROOT / "schema")]) == 0
+
+
+def test_schema_writes_and_detects_drift(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """SPEC layout: `toolbus schema` writes the files; a changed or stale file is drift."""
+    out = tmp_path / "schema"
+    assert main(["schema", "--out", str(out)]) == 0
+    assert main(["schema", "--check", "--out", str(out)]) == 0
+    (out / "messages" / "invoke.json").write_text("{}")
+    (out / "stale.json").write_text("{}")
+    capsys.readouterr()
+    assert main(["schema", "--check", "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "invoke.json" in err and "stale.json" in err
+
+
+def test_token_mints_hash_only(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """SPEC S2: `toolbus token` prints the token once; the file keeps only its hash."""
+    path = tmp_path / "tokens.yaml"
+    assert main(["token", "--user", "ana", "--profiles", "demo,voice", "--token-file", str(path)]) == 0
+    token = capsys.readouterr().out.strip()
+    text = path.read_text()
+    assert token not in text
+    entry = yaml.safe_load(text)["tokens"][0]
+    assert entry == {"sha256": hash_token(token), "user": "ana", "profiles": ["demo", "voice"]}
+
+
+async def test_serve_prints_url_and_token_then_drains(tmp_path: Path) -> None:
+    """SPEC O1/S4: `toolbus serve` on defaults prints URL and dev token; SIGTERM drains with 1012."""
+    env = {**os.environ, "TOOLBUS_CATALOG__HOT_RELOAD": "false"}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gateway.cli", "serve", "--port", "0", "--data-dir", str(tmp_path / "data"),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL, env=env, cwd=tmp_path,
+    )
+    try:
+        await _serve_session(proc, tmp_path)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+async def _serve_session(proc: asyncio.subprocess.Process, tmp_path: Path) -> None:
+    assert proc.stdout is not None
+    async with asyncio.timeout(30):
+        first = (await proc.stdout.readline()).decode()
+        await proc.stdout.readline()
+        token_line = (await proc.stdout.readline()).decode()
+    url = first.split()[3]
+    assert url.startswith("ws://127.0.0.1:")
+    token = token_line.rsplit(" ", 1)[1].strip()
+    assert (tmp_path / "data" / "dev-token").read_text().strip() == token
+    async with connect(url, subprotocols=["toolbus.v1"]) as ws:  # type: ignore[list-item]
+        await ws.send(json.dumps({"type": "hello", "token": token, "profile": "demo"}))
+        async with asyncio.timeout(10):
+            welcome = json.loads(await ws.recv())
+            assert welcome["type"] == "welcome" and welcome["user"] == "dev"
+            proc.send_signal(signal.SIGTERM)
+            kinds = []
+            with pytest.raises(ConnectionClosed):
+                while True:
+                    kinds.append(json.loads(await ws.recv())["type"])
+        assert kinds[-1] == "reconnect"
+        assert ws.close_code == 1012
+    async with asyncio.timeout(30):
+        assert await proc.wait() == 0

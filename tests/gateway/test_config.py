@@ -1,0 +1,45 @@
+"""Configuration: YAML plus environment overrides, documented defaults (SPEC O4)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pydantic
+import pytest
+
+from gateway.config import load_settings, reference_markdown
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_reference_doc_in_step() -> None:
+    """SPEC O4: docs/configuration.md documents every key with its current default."""
+    assert (ROOT / "docs" / "configuration.md").read_text() == reference_markdown(), (
+        "regenerate docs/configuration.md from gateway.config.reference_markdown()"
+    )
+
+
+def test_yaml_then_env_then_arguments(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SPEC O4: environment beats the file, arguments beat both; untouched keys keep defaults."""
+    config = tmp_path / "toolbus.yaml"
+    config.write_text("server: {port: 9001, host: 0.0.0.0}\nlimits: {invoke_rate: 5}\n")
+    monkeypatch.setenv("TOOLBUS_LIMITS__INVOKE_RATE", "7")
+    settings = load_settings(config)
+    assert (settings.server.port, settings.server.host) == (9001, "0.0.0.0")
+    assert settings.limits.invoke_rate == 7.0
+    assert settings.limits.invoke_burst == 100
+    assert load_settings(config, server={"port": 1}).server.port == 1
+
+
+def test_unknown_key_refused(tmp_path: Path) -> None:
+    """SPEC O4: a misspelt key is an error naming it, not silently ignored."""
+    config = tmp_path / "toolbus.yaml"
+    config.write_text("server: {prot: 9001}\n")
+    with pytest.raises(pydantic.ValidationError, match="prot"):
+        load_settings(config)
+
+
+def test_missing_file_refused(tmp_path: Path) -> None:
+    """SPEC O4: a config path that does not exist is an error, not the defaults."""
+    with pytest.raises(FileNotFoundError):
+        load_settings(tmp_path / "absent.yaml")
