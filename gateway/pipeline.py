@@ -36,6 +36,7 @@ from gateway.jobs import JobRunner
 from gateway.metrics import Metrics
 from gateway.session import Session
 from protocol import messages as m
+from protocol.codec import encode_json
 from protocol.errors import ErrorCode
 
 if TYPE_CHECKING:
@@ -127,7 +128,7 @@ class Pipeline:
             self._refuse(session, msg, ErrorCode.RATE_LIMITED, "invoke rate limit reached")
             return
         call = Call(session, call_id, msg.tool, dict(msg.params or {}), time.perf_counter())
-        session.store.stage_call(session.id, call_id, "running", None)
+        session.store.stage_call(session.id, call_id, "running", encode_json({"tool": msg.tool}))
         task = asyncio.get_running_loop().create_task(self.run(call, msg.catalog_version))
         session.inflight[call_id] = task
         self._call_state[(session.id, call_id)] = call
@@ -262,7 +263,8 @@ class Pipeline:
         # SPEC A2: registered before tool_start is emitted, so an instant answer is kept.
         approval = self.approvals.open(session.id, session.user, call.call_id, tool.name, call.params)
         session.pending_approvals.add(approval.approval_id)
-        session.store.stage_call(session.id, call.call_id, "awaiting:" + approval.approval_id, None)
+        note = encode_json({"tool": tool.name, "approval_id": approval.approval_id})
+        session.store.stage_call(session.id, call.call_id, "running", note)
         self.metrics.pending_approvals.inc()
         session.emit(
             m.ToolStart, call_id=call.call_id, tool=tool.name, params=call.params,
@@ -373,7 +375,8 @@ class Pipeline:
             return
         session.done_calls.add(call.call_id)
         body = session.emit(cls, call_id=call.call_id, tool=call.tool_name, **fields)
-        session.store.stage_call(session.id, call.call_id, "done", body)
+        if not session.ended:
+            session.store.stage_call(session.id, call.call_id, "done", body)
         elapsed = time.perf_counter() - call.started
         self.metrics.invocations.labels(outcome.value).inc()
         mode = call.tool.mode.value if call.tool else "none"

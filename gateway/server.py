@@ -42,7 +42,8 @@ from gateway.pipeline import Pipeline
 from gateway.session import Session, SessionTable
 from gateway.store import SqliteStore, Store
 from protocol import messages as m
-from protocol.errors import CloseCode
+from protocol.codec import decode_json
+from protocol.errors import CloseCode, ErrorCode
 from protocol.version import SUPPORTED, negotiate, refusal_reason
 
 logger = logging.getLogger("gateway.server")
@@ -146,23 +147,25 @@ class Gateway:
             session.expires_at = expires
             session.save()
             session._expiry = asyncio.get_running_loop().call_later(max(0.0, expires - now), self.sessions.end, session)
-        for session_id, call_id, state in self.store.running_calls():
-            self._interrupt_call(session_id, call_id, state)
+        for session_id, call_id, note in self.store.running_calls():
+            self._interrupt_call(session_id, call_id, decode_json(note) if note else {})
         count = self.jobs.recover(self.sessions.sessions)
         self.store.commit()
         if self.sessions.sessions or count:
             logger.info("recovered %d sessions, %d interrupted jobs", len(self.sessions.sessions), count)
 
-    def _interrupt_call(self, session_id: str, call_id: str, state: str) -> None:
-        """A call a restart cut off ends ``cancelled`` (SPEC I12: one terminal reply)."""
+    def _interrupt_call(self, session_id: str, call_id: str, note: dict[str, str]) -> None:
+        """A call a restart cut off ends ``cancelled`` (SPEC I12: one terminal reply); a
+        pending approval it waited on is resolved ``disconnected`` first (SPEC A4, A6)."""
         session = self.sessions.get(session_id)
         if session is None:
             return
-        if state.startswith("awaiting:"):
-            approval_id = state.partition(":")[2]
-            session.emit(m.ToolResolved, call_id=call_id, approval_id=approval_id, tool="",
+        tool = note.get("tool", "")
+        approval_id = note.get("approval_id")
+        if approval_id:
+            session.emit(m.ToolResolved, call_id=call_id, approval_id=approval_id, tool=tool,
                          resolution=m.Resolution.DENIED, reason=m.ResolutionReason.DISCONNECTED)
-        body = session.emit(m.CallError, call_id=call_id, tool="", code="cancelled",
+        body = session.emit(m.CallError, call_id=call_id, tool=tool, code=ErrorCode.CANCELLED,
                             message="the server restarted while this call ran")
         session.done_calls.add(call_id)
         self.store.stage_call(session_id, call_id, "done", body)

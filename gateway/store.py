@@ -81,7 +81,8 @@ class Store(Protocol):
         """Stage the session's sequence counters and drop events at or below ``floor_seq``."""
 
     def stage_call(self, session_id: str, call_id: str, state: str, body: bytes | None) -> None:
-        """Stage a call's state (``running`` or ``done`` with its terminal event bytes)."""
+        """Stage a call's state: ``running`` with a JSON note (tool, pending approval id)
+        for recovery, or ``done`` with its terminal event bytes (SPEC I12)."""
 
     def stage_job(self, row: JobRow) -> None:
         """Stage an insert-or-replace of a job row (SPEC J5: before its event is sent)."""
@@ -102,9 +103,9 @@ class Store(Protocol):
 
     def done_call_ids(self, session_id: str) -> list[str]: ...
 
-    def running_calls(self) -> list[tuple[str, str, str]]:
-        """``(session_id, call_id, state)`` of calls a crash or restart cut off; the
-        state is ``running`` or ``awaiting:<approval_id>``."""
+    def running_calls(self) -> list[tuple[str, str, bytes | None]]:
+        """``(session_id, call_id, body)`` of calls a crash or restart cut off; a running
+        call's body is JSON ``{"tool": name, "approval_id"?: id}``."""
 
     def job(self, job_id: str) -> JobRow | None: ...
 
@@ -280,8 +281,8 @@ class SqliteStore:
         )
         return [row[0] for row in cur]
 
-    def running_calls(self) -> list[tuple[str, str, str]]:
-        cur = self._db.execute("SELECT session_id, call_id, state FROM calls WHERE state!='done'")
+    def running_calls(self) -> list[tuple[str, str, bytes | None]]:
+        cur = self._db.execute("SELECT session_id, call_id, body FROM calls WHERE state!='done'")
         return [(row[0], row[1], row[2]) for row in cur]
 
     def job(self, job_id: str) -> JobRow | None:
