@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -22,13 +23,19 @@ async def run_handler(
     :class:`asyncio.CancelledError` propagates (SPEC I8: never swallowed).
     """
     try:
-        if inspect.iscoroutinefunction(func):
+        if _is_async(func):
             return await func(params, ctx)
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(pool, func, params, ctx)
     except asyncio.CancelledError:
         ctx.cancelled.set()
         raise
+
+
+@functools.lru_cache(maxsize=4096)
+def _is_async(func: Callable[..., Any]) -> bool:
+    """``inspect.iscoroutinefunction``, cached: it is slow and asked on every call."""
+    return inspect.iscoroutinefunction(func)
 
 
 def as_object(value: Any) -> dict[str, Any]:

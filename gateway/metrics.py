@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 
@@ -37,6 +39,21 @@ class Metrics:
             "toolbus_closes_total", "Sockets closed by the server, by close code", ["code"], registry=r
         )
         self.errors = Counter("toolbus_errors_total", "Error replies by code", ["code"], registry=r)
+
+        self._outcomes: dict[str, Any] = {}
+        self._modes: dict[str, Any] = {}
+
+    def invocation(self, outcome: str, mode: str, seconds: float) -> None:
+        """Count one finished invocation and its latency (the labelled children are cached:
+        ``labels()`` re-validates its arguments on every call, on the hot path)."""
+        counter = self._outcomes.get(outcome)
+        if counter is None:
+            counter = self._outcomes[outcome] = self.invocations.labels(outcome)
+        histogram = self._modes.get(mode)
+        if histogram is None:
+            histogram = self._modes[mode] = self.latency.labels(mode)
+        counter.inc()
+        histogram.observe(seconds)
 
     def render(self) -> bytes:
         """The Prometheus text exposition format, version 0.0.4."""

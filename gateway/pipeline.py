@@ -271,12 +271,12 @@ class Pipeline:
             approval_id=approval.approval_id, expires_at=approval.expires_at,
         )
         try:
-            # F01: shielded, so a waiter that stops waiting never settles the approval.
-            outcome = await asyncio.shield(approval.future)
+            # F01: waiting decides nothing; only Approvals.settle does.
+            outcome = await approval.wait()
         except asyncio.CancelledError:
             self.approvals.settle(approval.approval_id, m.Resolution.DENIED, m.ResolutionReason.CANCELLED)
-            outcome = approval.future.result()
-            self._resolved(call, approval.approval_id, tool, outcome)
+            assert approval.outcome is not None
+            self._resolved(call, approval.approval_id, tool, approval.outcome)
             raise
         self._resolved(call, approval.approval_id, tool, outcome)
         if outcome.resolution is m.Resolution.ALLOWED:
@@ -325,17 +325,22 @@ class Pipeline:
         """SPEC I8, I14: run with the run timeout; promote past the soft deadline."""
         assert tool.func is not None
         limit = self._run_timeout(tool)
-        work = asyncio.ensure_future(self._timed(tool.func, call.params, ctx, limit))
         try:
-            if tool.promote_after is not None:
-                done, _ = await asyncio.wait({work}, timeout=tool.promote_after)
+            if tool.promote_after is None:
+                # Awaited in this task: a handler that answers at once costs no extra
+                # loop turn, so tool_start and result share one commit (SPEC D1).
+                value = await self._timed(tool.func, call.params, ctx, limit)
+            else:
+                work = asyncio.ensure_future(self._timed(tool.func, call.params, ctx, limit))
+                try:
+                    done, _ = await asyncio.wait({work}, timeout=tool.promote_after)
+                except asyncio.CancelledError:
+                    work.cancel()
+                    raise
                 if not done:
                     self._promote(call, tool, ctx, info, work)
                     return
-            value = await work
-        except asyncio.CancelledError:
-            work.cancel()
-            raise
+                value = work.result()
         except TimeoutError:
             self._error(call, ErrorCode.TIMEOUT, f"{tool.name} did not finish within {limit} s", Outcome.TIMEOUT)
             return
@@ -378,9 +383,7 @@ class Pipeline:
         if not session.ended:
             session.store.stage_call(session.id, call.call_id, "done", body)
         elapsed = time.perf_counter() - call.started
-        self.metrics.invocations.labels(outcome.value).inc()
-        mode = call.tool.mode.value if call.tool else "none"
-        self.metrics.latency.labels(mode).observe(elapsed)
+        self.metrics.invocation(outcome.value, call.tool.mode.value if call.tool else "none", elapsed)
         sensitive = call.tool.sensitive if call.tool else ()
         audit.record(
             tool=call.tool_name, outcome=outcome.value, profile=session.profile.name,

@@ -99,8 +99,9 @@ class Session:
         self.last_seq = seq
         self.store.stage_event(self.id, seq, data)
         if seq - self.floor_seq > self.max_unacked:
+            # SPEC D2 cap: the oldest unacknowledged event is dropped from the log.
             self.floor_seq = seq - self.max_unacked
-        self.store.stage_seq(self.id, seq, self.acked_seq, self.floor_seq)
+            self.store.stage_seq(self.id, seq, self.acked_seq, self.floor_seq)
         self.outbox.put(self, data)
         return data
 

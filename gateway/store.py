@@ -95,8 +95,11 @@ class Store(Protocol):
     def delete_session(self, session_id: str) -> None:
         """Forget a session, its events and calls (its jobs stay, SPEC D2)."""
 
-    def events_after(self, session_id: str, seq: int) -> list[tuple[int, bytes]]:
-        """Committed events of a session with ``seq`` greater than the given one, in order."""
+    def events_after(
+        self, session_id: str, seq: int, limit: int | None = None
+    ) -> list[tuple[int, bytes]]:
+        """Committed events of a session with ``seq`` greater than the given one, in order;
+        at most ``limit`` of them (``None``: all)."""
 
     def call(self, session_id: str, call_id: str) -> tuple[str, bytes | None] | None:
         """A call's ``(state, terminal bytes)``, or ``None`` if the call id is unused."""
@@ -149,6 +152,15 @@ CREATE INDEX IF NOT EXISTS jobs_by_user ON jobs (user, created_at);
 """
 
 
+# A session row's last_seq is written with the row (save, ack); events emitted since are
+# in the log, so the true last seq is the larger of the two. This keeps emit() to a
+# single staged insert.
+_SELECT_SESSIONS = (
+    "SELECT s.*, (SELECT MAX(seq) FROM events e WHERE e.session_id = s.session_id) "
+    "FROM sessions s"
+)
+
+
 def _json(value: Any) -> bytes:
     return encode_json(value)
 
@@ -181,7 +193,7 @@ class SqliteStore:
         self._events: list[tuple[str, int, bytes]] = []
         self._sessions: dict[str, SessionRow] = {}
         self._seqs: dict[str, tuple[int, int, int]] = {}
-        self._calls: list[tuple[str, str, str, bytes | None]] = []
+        self._calls: dict[tuple[str, str], tuple[str, str, str, bytes | None]] = {}
         self._jobs: dict[str, JobRow] = {}
 
     # -- staging ---------------------------------------------------------------------
@@ -197,7 +209,8 @@ class SqliteStore:
         self._seqs[session_id] = (last_seq, acked_seq, floor_seq)
 
     def stage_call(self, session_id: str, call_id: str, state: str, body: bytes | None) -> None:
-        self._calls.append((session_id, call_id, state, body))
+        # Keyed: a call that starts and ends within one tick is written once.
+        self._calls[(session_id, call_id)] = (session_id, call_id, state, body)
 
     def stage_job(self, row: JobRow) -> None:
         self._jobs[row.job_id] = row
@@ -221,7 +234,7 @@ class SqliteStore:
             if self._events:
                 db.executemany("INSERT OR REPLACE INTO events VALUES (?,?,?)", self._events)
             if self._calls:
-                db.executemany("INSERT OR REPLACE INTO calls VALUES (?,?,?,?)", self._calls)
+                db.executemany("INSERT OR REPLACE INTO calls VALUES (?,?,?,?)", self._calls.values())
             if self._seqs:
                 self._commit_seqs(db)
             if self._jobs:
@@ -234,7 +247,7 @@ class SqliteStore:
             db.execute("ROLLBACK")
             raise
         finally:
-            self._events, self._calls = [], []
+            self._events, self._calls = [], {}
             self._sessions, self._seqs, self._jobs = {}, {}, {}
 
     def _commit_seqs(self, db: sqlite3.Connection) -> None:
@@ -250,21 +263,23 @@ class SqliteStore:
     # -- reads -----------------------------------------------------------------------
 
     def load_session(self, session_id: str) -> SessionRow | None:
-        cur = self._db.execute("SELECT * FROM sessions WHERE session_id=?", (session_id,))
+        cur = self._db.execute(_SELECT_SESSIONS + " WHERE s.session_id=?", (session_id,))
         row = cur.fetchone()
         return None if row is None else _session_row(row)
 
     def all_sessions(self) -> list[SessionRow]:
-        return [_session_row(row) for row in self._db.execute("SELECT * FROM sessions")]
+        return [_session_row(row) for row in self._db.execute(_SELECT_SESSIONS)]
 
     def delete_session(self, session_id: str) -> None:
         for table in ("sessions", "events", "calls"):
             self._db.execute(f"DELETE FROM {table} WHERE session_id=?", (session_id,))
 
-    def events_after(self, session_id: str, seq: int) -> list[tuple[int, bytes]]:
+    def events_after(
+        self, session_id: str, seq: int, limit: int | None = None
+    ) -> list[tuple[int, bytes]]:
         cur = self._db.execute(
-            "SELECT seq, body FROM events WHERE session_id=? AND seq>? ORDER BY seq",
-            (session_id, seq),
+            "SELECT seq, body FROM events WHERE session_id=? AND seq>? ORDER BY seq LIMIT ?",
+            (session_id, seq, -1 if limit is None else limit),
         )
         return list(cur)
 
@@ -340,7 +355,7 @@ def _session_values(row: SessionRow) -> tuple[Any, ...]:
 
 def _session_row(row: Iterable[Any]) -> SessionRow:
     (sid, token_hash, user, tenant, profile, context, options, grants, *rest) = row
-    last_seq, acked_seq, floor_seq, created_at, expires_at, catalog_version = rest
+    last_seq, acked_seq, floor_seq, created_at, expires_at, catalog_version, logged = rest
     return SessionRow(
         sid,
         token_hash,
@@ -350,7 +365,7 @@ def _session_row(row: Iterable[Any]) -> SessionRow:
         _load(context),
         _load(options),
         _load(grants),
-        last_seq,
+        max(last_seq, logged or 0),
         acked_seq,
         floor_seq,
         created_at,
