@@ -4,9 +4,10 @@ A gated call gets an :class:`Approval` with an unguessable id (192 random bits, 
 A2), registered *before* ``tool_start`` is emitted, so a confirmation that arrives at
 once finds it. Exactly four things may settle an approval: the user's decision, the
 approval timeout (its own clock, SPEC A4), a cancel of the call, and the end of the
-session. A waiter that stops waiting decides nothing (F01): the call awaits the
-decision through :func:`asyncio.shield`, and only :meth:`Approvals.settle` writes it.
-The first settlement wins; later ones are refused with a typed reason (SPEC A3).
+session. A waiter that stops waiting decides nothing (F01): the decision is held in
+an :class:`asyncio.Event` plus :attr:`Approval.outcome`, not in a shared future that a
+waiter's timeout or cancellation could cancel, and only :meth:`Approvals.settle` writes
+it. The first settlement wins; later ones are refused with a typed reason (SPEC A3).
 """
 
 from __future__ import annotations
@@ -45,8 +46,17 @@ class Approval:
     tool: str
     params: dict[str, Any]
     expires_at: float
-    future: asyncio.Future[Outcome] = field(repr=False)
+    outcome: Outcome | None = None
+    """The decision once settled; ``None`` while pending."""
+    decided: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
     timer: asyncio.TimerHandle | None = field(default=None, repr=False)
+
+    async def wait(self) -> Outcome:
+        """Wait for the decision. Any number of waiters may give up (cancel, time out)
+        without settling or disturbing the approval (case F01)."""
+        await self.decided.wait()
+        assert self.outcome is not None
+        return self.outcome
 
 
 class Approvals:
@@ -74,7 +84,6 @@ class Approvals:
             tool=tool,
             params=params,
             expires_at=self._clock() + self.timeout,
-            future=loop.create_future(),
         )
         approval.timer = loop.call_later(
             self.timeout, self.settle, approval.approval_id, Resolution.DENIED, ResolutionReason.TIMEOUT
@@ -134,7 +143,8 @@ class Approvals:
         self._settled[approval_id] = (approval.session_id, outcome)
         while len(self._settled) > SETTLED_MEMORY:
             self._settled.popitem(last=False)
-        approval.future.set_result(outcome)
+        approval.outcome = outcome
+        approval.decided.set()
         return True
 
     def settle_session(self, session_id: str, reason: ResolutionReason) -> None:

@@ -139,6 +139,9 @@ class Pipeline:
         session.reply(m.Error(id=msg.id, code=code, message=text, details=details))
 
     def _resend(self, session: Session, call_id: str) -> None:
+        # The terminal event may still be staged (finished this tick): commit it first,
+        # or the store has no body to re-send and the client would get nothing (I12).
+        session.outbox.flush()
         recorded = session.store.call(session.id, call_id)
         if recorded is not None and recorded[1] is not None:
             session.emit_raw(recorded[1])

@@ -1,0 +1,128 @@
+"""Hooks, audit redaction and handler execution on their own (SPEC I6, I8, I10, I11)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from catalog.model import Mode, ToolDef
+from gateway.audit import MASK, redact
+from gateway.context import ToolContext
+from gateway.execute import as_object, run_handler
+from gateway.hooks import CallInfo, Deny, resolve, run_post, run_pre
+from tests.support import WAIT
+
+TOOL = ToolDef(
+    name="t", description="d", parameters={"type": "object"}, capability="c", mode=Mode.SYNC
+)
+INFO = CallInfo("s1", "alice", "demo", "c1", TOOL, {}, {})
+
+
+def ctx() -> ToolContext:
+    return ToolContext("s1", "alice", "demo", {}, "c1", "t", Path("."))
+
+
+async def test_i6_run_pre_in_order_first_deny_wins() -> None:
+    """SPEC I6: hooks run in order, async ones awaited; the first deny stops the rest."""
+    seen: list[str] = []
+
+    def allow(info: CallInfo) -> None:
+        seen.append("allow")
+
+    async def deny(info: CallInfo) -> Deny:
+        seen.append("deny")
+        return Deny("no", "code_1")
+
+    def never(info: CallInfo) -> None:
+        seen.append("never")
+
+    assert await run_pre([allow, deny, never], INFO) == Deny("no", "code_1")
+    assert seen == ["allow", "deny"]
+    assert await run_pre([allow], INFO) is None
+
+
+async def test_i10_run_post_keep_replace_and_refuse_non_objects() -> None:
+    """SPEC I10: None keeps, an object replaces (flagged), anything else is a TypeError."""
+    assert await run_post([lambda i, r: None], INFO, {"a": 1}) == ({"a": 1}, False)
+
+    async def redact_hook(info: CallInfo, result: dict[str, Any]) -> dict[str, Any]:
+        return {"a": MASK}
+
+    assert await run_post([redact_hook, lambda i, r: None], INFO, {"a": 1}) == ({"a": MASK}, True)
+    with pytest.raises(TypeError, match="returned list, not dict"):
+        await run_post([lambda i, r: [1]], INFO, {"a": 1})  # type: ignore[list-item,return-value]
+
+
+def test_i6_resolve_reports_bad_paths() -> None:
+    """SPEC I6: a hook path is module:function and must import to a callable."""
+    assert resolve("tests.gateway.tools_for_tests:first_hook").__name__ == "first_hook"
+    for path, text in [
+        ("nocolon", "not 'module:function'"),
+        ("no_such_mod_x:f", "cannot be imported"),
+        ("tests.gateway.tools_for_tests:nope", "cannot be imported"),
+        ("tests.gateway.tools_for_tests:TOOLS_YAML", "not callable"),
+    ]:
+        with pytest.raises(ValueError, match=text):
+            resolve(path)
+
+
+def test_i11_redact_masks_then_truncates() -> None:
+    """SPEC I11: sensitive keys are masked before the JSON is cut to the byte limit."""
+    assert redact({"a": 1, "pw": "secret"}, ("pw",), 100) == {"a": 1, "pw": MASK}
+    cut = redact({"pw": "secret", "b": "x" * 50}, ("pw",), 20)
+    assert cut == '{"pw":"***","b":"xxx...'
+    assert "secret" not in cut
+    assert redact({"a": 1}, (), 7) == {"a": 1}  # exactly at the limit: kept whole
+    assert redact({"a": 1}, (), 6) == '{"a":1...'
+
+
+def test_i8_non_objects_are_wrapped() -> None:
+    """SPEC I8: objects pass through; any other value becomes {"value": v}."""
+    assert as_object({"a": 1}) == {"a": 1}
+    assert [as_object(v) for v in (1, "s", None, [1])] == [
+        {"value": 1},
+        {"value": "s"},
+        {"value": None},
+        {"value": [1]},
+    ]
+
+
+async def test_i8_cancelling_a_handler_sets_ctx_cancelled_and_propagates() -> None:
+    """SPEC I8: cancellation sets ctx.cancelled and is never swallowed (coroutine and thread)."""
+    started = asyncio.Event()
+
+    async def coro(params: dict[str, Any], c: ToolContext) -> None:
+        started.set()
+        await asyncio.Event().wait()
+
+    with ThreadPoolExecutor(1) as pool:
+        c1 = ctx()
+        task = asyncio.ensure_future(run_handler(coro, {}, c1, pool))
+        async with asyncio.timeout(WAIT):
+            await started.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert c1.cancelled.is_set()
+
+        in_thread, release = threading.Event(), threading.Event()
+
+        def plain(params: dict[str, Any], c: ToolContext) -> str:
+            in_thread.set()
+            release.wait(WAIT)
+            return "late"
+
+        c2 = ctx()
+        task = asyncio.ensure_future(run_handler(plain, {}, c2, pool))
+        async with asyncio.timeout(WAIT):
+            assert await asyncio.to_thread(in_thread.wait, WAIT)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert c2.cancelled.is_set()
+        release.set()
