@@ -32,6 +32,7 @@ from protocol import messages as m
 logger = logging.getLogger("gateway.jobs")
 
 PostProcess = Callable[[dict[str, Any]], Awaitable[tuple[dict[str, Any], bool]]]
+Rerun = Callable[["JobRow"], "tuple[ToolDef, ToolContext, PostProcess] | None"]
 Clock = Callable[[], float]
 
 INTERRUPTED = {"code": "interrupted", "message": "the server restarted while this job ran"}
@@ -44,6 +45,7 @@ class ActiveJob:
     task: asyncio.Task[None] | None = None
     last_progress: float = 0.0
     interrupted: bool = False
+    idempotent: bool = False
 
 
 def job_info(row: JobRow, progress: tuple[float | None, str | None] = (None, None)) -> m.JobInfo:
@@ -103,8 +105,9 @@ class JobRunner:
         ctx: ToolContext,
         post: PostProcess,
         adopt: asyncio.Future[Any] | None = None,
+        rerun: JobRow | None = None,
     ) -> str:
-        """Create a job and start it (SPEC I9, I14).
+        """Create a job and start it (SPEC I9, I14), or re-run a stored one (SPEC J5).
 
         Args:
             session: the creating session; job events go to its log.
@@ -114,13 +117,14 @@ class JobRunner:
             post: post-execute hooks, applied to the result object (SPEC I10).
             adopt: an already-running handler future (a promoted sync call) to finish
                 instead of starting the handler again.
+            rerun: a stored job a restart cut off, to run again under its own id.
 
         Returns:
-            The new job id.
+            The job id.
         """
         now = self._clock()
-        job_id = "job_" + secrets.token_urlsafe(12)
-        row = JobRow(
+        job_id = rerun.job_id if rerun else "job_" + secrets.token_urlsafe(12)
+        row = replace(rerun, state=m.JobState.QUEUED, started_at=None) if rerun else JobRow(
             job_id=job_id,
             tool=tool.name,
             state=m.JobState.RUNNING if adopt else m.JobState.QUEUED,
@@ -139,7 +143,7 @@ class JobRunner:
             result=None,
             error=None,
         )
-        job = ActiveJob(row, session)
+        job = ActiveJob(row, session, idempotent=tool.idempotent and adopt is None)
         ctx = replace(ctx, job_id=job_id, progress=self._progress_sink(job))
         self._save(job, row)
         self.active[job_id] = job
@@ -180,7 +184,10 @@ class JobRunner:
             self._finish_done(job, result)
         except asyncio.CancelledError:
             ctx.cancelled.set()
-            if job.interrupted:
+            if job.interrupted and job.idempotent:
+                # SPEC J5: left queued in the store; the next start runs it again.
+                self._save(job, replace(job.row, state=m.JobState.QUEUED, started_at=None))
+            elif job.interrupted:
                 self._finish_failed(job, INTERRUPTED)
             else:
                 self._finish_cancelled(job)
@@ -265,18 +272,39 @@ class JobRunner:
     def progress_of(self, job_id: str) -> tuple[float | None, str | None]:
         return self._progress.get(job_id, (None, None))
 
-    def cancel(self, job_id: str) -> bool:
-        """Cancel an active job; ``False`` when it is not running here (SPEC J3)."""
+    def cancel(self, job_id: str) -> asyncio.Task[None] | None:
+        """Cancel an active job (SPEC J3).
+
+        Returns:
+            The job's task, done once the ``cancelled`` state is stored and its event
+            emitted; ``None`` when the job is not running here.
+        """
         job = self.active.get(job_id)
         if job is None or job.task is None:
-            return False
+            return None
         job.task.cancel()
-        return True
+        return job.task
 
-    def recover(self, sessions: dict[str, Session]) -> int:
-        """Report jobs a restart cut off as failed (SPEC J5); returns how many."""
+    def recover(self, sessions: dict[str, Session], rerun: Rerun) -> int:
+        """Settle the jobs a restart cut off (SPEC J5): re-run those whose tool is marked
+        idempotent (when ``rerun`` gives a plan for them), report the rest failed.
+
+        Args:
+            sessions: the sessions now in memory, by id.
+            rerun: returns ``(tool, ctx, post)`` to run a stored job again, or ``None``.
+
+        Returns:
+            How many jobs were found unfinished.
+        """
         count = 0
         for row in self._store.unfinished_jobs():
+            count += 1
+            session = sessions.get(row.session_id)
+            plan = rerun(row) if session is not None else None
+            if session is not None and plan is not None:
+                tool, ctx, post = plan
+                self.submit(session, tool, row.params, ctx, post, rerun=row)
+                continue
             now = self._clock()
             summary = f"{row.tool} failed: {INTERRUPTED['message']}"
             failed = replace(row, state=m.JobState.FAILED, finished_at=now, summary=summary, error=INTERRUPTED)
@@ -287,7 +315,6 @@ class JobRunner:
                     m.JobFailed, job_id=row.job_id, tool=row.tool, call_id=row.call_id,
                     summary=summary, error=m.JobError(**INTERRUPTED), finished_at=now,
                 )
-            count += 1
         return count
 
     async def shutdown(self) -> None:

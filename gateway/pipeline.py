@@ -32,7 +32,8 @@ from gateway.config import CallsConfig, LimitsConfig
 from gateway.context import ToolContext
 from gateway.execute import as_object, run_handler
 from gateway.hooks import CallInfo, PostHook, PreHook, run_post, run_pre
-from gateway.jobs import JobRunner
+from gateway.jobs import JobRunner, PostProcess
+from gateway.store import JobRow
 from gateway.metrics import Metrics
 from gateway.session import Session
 from protocol import messages as m
@@ -318,7 +319,21 @@ class Pipeline:
         message = tool.dispatch_message or f"Started {tool.name}."
         self._finish(call, Outcome.DISPATCHED, m.Dispatched, job_id=job_id, message=message)
 
-    def _post(self, info: CallInfo) -> Callable[[dict[str, Any]], Any]:
+    def rerun_plan(self, row: JobRow) -> tuple[ToolDef, ToolContext, PostProcess] | None:
+        """How to run a job a restart cut off again (SPEC J5): only when its tool is still
+        in the catalog and marked ``idempotent``; ``None`` means report it failed."""
+        tool = self.catalog.current.tools.get(row.tool)
+        if tool is None or not tool.idempotent or tool.func is None or tool.mode is Mode.CLIENT:
+            return None
+        ctx = ToolContext(
+            session_id=row.session_id, user=row.user, profile=row.profile,
+            context=dict(row.context), call_id=row.call_id or "", tool=tool.name,
+            data_dir=self.data_dir,
+        )
+        info = CallInfo(row.session_id, row.user, row.profile, ctx.call_id, tool, row.params, ctx.context)
+        return tool, ctx, self._post(info)
+
+    def _post(self, info: CallInfo) -> PostProcess:
         async def post(result: dict[str, Any]) -> tuple[dict[str, Any], bool]:
             return await run_post(self.post_hooks, info, result)
 

@@ -1,0 +1,117 @@
+"""``toolbus client`` as a subprocess against the real server, stdin scripted (SPEC K1, O1)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from pathlib import Path
+
+from gateway.server import Gateway
+from tests.support import WAIT
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Console:
+    """A running ``python -m toolbus.interactive`` with line-wise stdin and stdout."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+        self.lines: list[str] = []
+
+    async def send(self, line: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(line.encode() + b"\n")
+        await self.proc.stdin.drain()
+
+    async def until(self, needle: str) -> str:
+        """Read stdout until a line containing ``needle``; fails after WAIT seconds."""
+        assert self.proc.stdout is not None
+        async with asyncio.timeout(WAIT):
+            while True:
+                raw = await self.proc.stdout.readline()
+                assert raw, f"console exited before {needle!r}; output: {self.lines}"
+                line = raw.decode().rstrip("\n")
+                self.lines.append(line)
+                if needle in line:
+                    return line
+
+
+async def start(gateway: Gateway, *extra: str) -> Console:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "toolbus.interactive",
+        gateway.url,
+        "--token",
+        "alice-token",
+        "--profile",
+        "demo",
+        *extra,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        cwd=ROOT,
+        env=env,
+    )
+    return Console(proc)
+
+
+async def test_console_invoke_and_quit(gateway: Gateway) -> None:
+    """SPEC K1: the console prints the catalog, runs invoke, prints the result, quits with 0."""
+    console = await start(gateway)
+    await console.until("catalog (initial")
+    await console.send('invoke convert_units {"value": 2, "from_unit": "km", "to_unit": "m"}')
+    line = await console.until("result convert_units")
+    assert '"result":2000.0' in line
+    await console.send("tools")
+    await console.until("notes_delete [sync] (approval)")
+    await console.send("quit")
+    async with asyncio.timeout(WAIT):
+        code = await console.proc.wait()
+    assert code == 0
+
+
+async def test_console_approval_and_job(gateway: Gateway) -> None:
+    """SPEC K1, A3, J4: approval prompts show an alias; confirm answers; job pushes are printed."""
+    console = await start(gateway)
+    await console.until("catalog (initial")
+    await console.send('invoke notes_delete {"note_id": 99}')
+    await console.until("approval a1: notes_delete")
+    await console.send("confirm a1 deny")
+    await console.until("confirm a1: accepted")
+    await console.until("result (declined) notes_delete")
+    await console.send('invoke report {"topic": "console", "sections": 1}')
+    await console.until("dispatched report")
+    await console.until("job.done")
+    await console.send("ctx project_id=p9")
+    await console.until('context: {"project_id":"p9"}')
+    await console.send("jobs")
+    await console.until(" report done ")
+    assert console.proc.stdin is not None
+    console.proc.stdin.close()  # end of input quits too
+    async with asyncio.timeout(WAIT):
+        assert await console.proc.wait() == 0
+
+
+async def test_console_refused(gateway: Gateway) -> None:
+    """SPEC S2: a refused hello exits 2 with the reason on stderr."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "toolbus.interactive",
+        gateway.url,
+        "--token",
+        "bad",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        cwd=ROOT,
+        env=env,
+    )
+    async with asyncio.timeout(WAIT):
+        _, err = await proc.communicate()
+    assert proc.returncode == 2
+    assert b"auth_failed" in err

@@ -1,0 +1,310 @@
+"""``toolbus client URL --token T --profile P``: an interactive console (SPEC K1, O1).
+
+It connects with the client library, prints pushes as they arrive (catalog summary,
+``tool_start``, approvals, results, job events) and reads commands from stdin on a
+thread, so typing never blocks the event loop:
+
+    tools                          list the catalog
+    invoke TOOL {json}             call a tool (runs in the background)
+    confirm ID allow|deny|always   answer an approval (ID: the short alias or the full id)
+    approvals                      list pending approvals
+    jobs [STATE]                   list your jobs
+    job ID                         show one job
+    cancel CALL_ID                 cancel a running or approval-pending call
+    cancel-job JOB_ID              cancel a job
+    grants / revoke TOOL           "always allow" grants
+    ctx key=value [key=...]        update the context (``key=`` removes the key)
+    help                           this text
+    quit                           end the session and exit (also on end of input)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shlex
+import sys
+import threading
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Final
+
+import orjson
+from pydantic import BaseModel
+
+from protocol import messages as m
+from toolbus.client import Client
+from toolbus.errors import ToolbusClientError
+from toolbus.handles import JobHandle
+
+HELP: Final = (
+    __doc__.split("thread, so typing never blocks the event loop:", 1)[1] if __doc__ else ""
+)
+DECISIONS: Final = {
+    "allow": m.Decision.ALLOW,
+    "deny": m.Decision.DENY,
+    "always": m.Decision.ALLOW_ALWAYS,
+}
+
+
+def _json(value: Any, limit: int = 400) -> str:
+    text = orjson.dumps(value).decode()
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def say(text: str) -> None:
+    """Print one line now (stdout may be a pipe: flush every line)."""
+    print(text, flush=True)
+
+
+class Console:
+    """The command loop and the push printer around one :class:`Client`."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self.aliases: dict[str, str] = {}
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.commands: dict[str, Callable[[list[str]], Awaitable[None]]] = {
+            "tools": self.tools,
+            "invoke": self.invoke,
+            "confirm": self.confirm,
+            "approvals": self.approvals,
+            "jobs": self.jobs,
+            "job": self.job,
+            "cancel": self.cancel,
+            "cancel-job": self.cancel_job,
+            "grants": self.grants,
+            "revoke": self.revoke,
+            "ctx": self.ctx,
+            "help": self.help,
+        }
+
+    # -- pushes ------------------------------------------------------------------------
+
+    def on_message(self, message: BaseModel) -> None:
+        """Print a push the moment it is processed (results are printed by their call)."""
+        printer = self.PUSHES.get(type(message))
+        if printer is not None:
+            printer(self, message)
+
+    def _catalog(self, msg: m.Catalog) -> None:
+        names = ", ".join(t.name for t in msg.tools)
+        say(f"catalog ({msg.reason.value}, {len(msg.tools)} tools, version {msg.version}): {names}")
+
+    def _tool_start(self, msg: m.ToolStart) -> None:
+        if msg.approval_id is None:
+            say(f"tool_start {msg.tool} [{msg.call_id}] {_json(msg.params)}")
+            return
+        alias = f"a{len(self.aliases) + 1}"
+        self.aliases[alias] = msg.approval_id
+        say(f"approval {alias}: {msg.tool} [{msg.call_id}] {_json(msg.params)}")
+        say(f"  answer with: confirm {alias} allow|deny|always")
+
+    def _resolved(self, msg: m.ToolResolved) -> None:
+        alias = next((a for a, full in self.aliases.items() if full == msg.approval_id), "?")
+        say(f"approval {alias} {msg.resolution.value} ({msg.reason.value}) for {msg.tool}")
+
+    def _job_event(self, msg: m.JobProgress | m.JobDone | m.JobFailed | m.JobCancelled) -> None:
+        if isinstance(msg, m.JobProgress):
+            say(f"job.progress {msg.job_id} {msg.progress} {msg.message or ''}".rstrip())
+        elif isinstance(msg, m.JobDone):
+            say(f"job.done {msg.job_id} {msg.tool}: {msg.summary} {_json(msg.result)}")
+        elif isinstance(msg, m.JobFailed):
+            say(f"job.failed {msg.job_id} {msg.tool}: {msg.error.code}: {msg.error.message}")
+        else:
+            say(f"job.cancelled {msg.job_id} {msg.tool}: {msg.summary}")
+
+    PUSHES: Final[dict[type[BaseModel], Callable[[Console, Any], None]]] = {
+        m.Catalog: _catalog,
+        m.ToolStart: _tool_start,
+        m.ToolResolved: _resolved,
+        m.JobProgress: _job_event,
+        m.JobDone: _job_event,
+        m.JobFailed: _job_event,
+        m.JobCancelled: _job_event,
+    }
+
+    # -- commands ----------------------------------------------------------------------
+
+    async def run_line(self, line: str) -> bool:
+        """Run one command line; ``False`` means quit."""
+        words = line.strip().split(maxsplit=1)
+        if not words:
+            return True
+        name, rest = words[0], (words[1] if len(words) > 1 else "")
+        if name in ("quit", "exit"):
+            return False
+        command = self.commands.get(name)
+        if command is None:
+            say(f"unknown command {name!r}; try 'help'")
+            return True
+        args = [rest] if name == "invoke" else shlex.split(rest)
+        try:
+            await command(args)
+        except ToolbusClientError as exc:
+            say(f"error: {type(exc).__name__}: {exc}")
+        except (ValueError, IndexError) as exc:
+            say(f"usage error: {exc}")
+        return True
+
+    async def tools(self, args: list[str]) -> None:
+        for tool in self.client.catalog:
+            flags = " (approval)" if tool.requires_approval else ""
+            say(f"  {tool.name} [{tool.mode}]{flags}: {tool.description}")
+
+    async def invoke(self, args: list[str]) -> None:
+        tool, _, raw = args[0].strip().partition(" ")
+        if not tool:
+            raise ValueError("invoke TOOL {json}")
+        params = orjson.loads(raw) if raw.strip() else {}
+        if not isinstance(params, dict):
+            raise ValueError("params must be a JSON object")
+        task = asyncio.create_task(self._call(tool, params))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _call(self, tool: str, params: dict[str, Any]) -> None:
+        try:
+            out = await self.client.invoke(tool, params)
+        except ToolbusClientError as exc:
+            say(f"call.error {tool}: {exc.code or type(exc).__name__}: {exc}")
+            return
+        if isinstance(out, JobHandle):
+            say(f"dispatched {tool} [{out.call_id}] job {out.job_id}: {out.message}")
+        else:
+            label = "result (declined)" if out.declined else "result"
+            say(f"{label} {tool} [{out.call_id}]: {_json(out.result)}")
+
+    async def confirm(self, args: list[str]) -> None:
+        ident, word = args[0], args[1]
+        approval_id = self.aliases.get(ident, ident)
+        reply = await self.client.confirm(approval_id, DECISIONS[word])
+        reason = f" ({reply.reason.value})" if reply.reason else ""
+        say(f"confirm {ident}: {'accepted' if reply.accepted else 'not accepted'}{reason}")
+
+    async def approvals(self, args: list[str]) -> None:
+        pending = self.client.pending_approvals
+        if not pending:
+            say("no pending approvals")
+        for req in pending:
+            alias = next((a for a, full in self.aliases.items() if full == req.approval_id), "?")
+            say(f"  {alias} {req.tool} [{req.call_id}] {_json(req.params)}")
+
+    async def jobs(self, args: list[str]) -> None:
+        jobs = await self.client.jobs(args[0] if args else None)
+        if not jobs:
+            say("no jobs")
+        for job in jobs:
+            say(f"  {job.job_id} {job.tool} {job.state.value} {job.summary or ''}".rstrip())
+
+    async def job(self, args: list[str]) -> None:
+        say(_json((await self.client.job(args[0])).model_dump(exclude_none=True), limit=2000))
+
+    async def cancel(self, args: list[str]) -> None:
+        await self.client.cancel(args[0])
+        say(f"cancel {args[0]}: sent")
+
+    async def cancel_job(self, args: list[str]) -> None:
+        job = await self.client.cancel_job(args[0])
+        say(f"cancel-job {job.job_id}: requested")
+
+    async def grants(self, args: list[str]) -> None:
+        say(f"grants: {', '.join(await self.client.grants()) or '(none)'}")
+
+    async def revoke(self, args: list[str]) -> None:
+        say(f"grants: {', '.join(await self.client.revoke(args[0])) or '(none)'}")
+
+    async def ctx(self, args: list[str]) -> None:
+        changes: dict[str, str | None] = {}
+        for pair in args:
+            key, sep, value = pair.partition("=")
+            if not sep or not key:
+                raise ValueError("ctx key=value [key=value ...]")
+            changes[key] = value or None
+        say(f"context: {_json(await self.client.update_context(changes))}")
+
+    async def help(self, args: list[str]) -> None:
+        say(HELP.rstrip())
+
+
+def _stdin_lines(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[str | None]) -> None:
+    """Read stdin on a thread; hand each line to the loop (``None`` at end of input)."""
+    for line in sys.stdin:
+        loop.call_soon_threadsafe(queue.put_nowait, line)
+    loop.call_soon_threadsafe(queue.put_nowait, None)
+
+
+async def run(args: argparse.Namespace) -> int:
+    """Connect, then run commands until ``quit`` or end of input."""
+    context = dict(pair.split("=", 1) for pair in args.context)
+    console: Console | None = None
+
+    def printer(message: BaseModel) -> None:
+        if console is not None:
+            console.on_message(message)
+
+    client = Client(
+        args.url,
+        token=args.token,
+        profile=args.profile,
+        context=context,
+        confirm_tool_calls=args.confirm_tool_calls,
+        on_message=printer,
+    )
+    console = Console(client)
+    try:
+        await client.open()
+    except ToolbusClientError as exc:
+        print(f"cannot connect: {exc}", file=sys.stderr, flush=True)
+        return 2
+    assert client.welcome is not None
+    say(
+        f"connected: session {client.welcome.session_id}, user {client.welcome.user}, "
+        f"profile {client.welcome.profile}"
+    )
+    console._catalog(
+        m.Catalog(
+            seq=1,
+            version=client.catalog_version or "",
+            reason=m.CatalogReason.INITIAL,
+            tools=client.catalog,
+        )
+    )
+    queue: asyncio.Queue[str | None] = asyncio.Queue()
+    threading.Thread(
+        target=_stdin_lines, args=(asyncio.get_running_loop(), queue), daemon=True
+    ).start()
+    try:
+        while not client.closed:
+            line = await queue.get()
+            if line is None or not await console.run_line(line):
+                break
+    finally:
+        for task in list(console.tasks):
+            task.cancel()
+        await client.close()
+    say("bye")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``toolbus client URL --token T --profile P``; returns the exit code."""
+    parser = argparse.ArgumentParser(
+        prog="toolbus client", description="Interactive toolbus client."
+    )
+    parser.add_argument("url", help="server WebSocket URL, e.g. ws://127.0.0.1:8765/")
+    parser.add_argument("--token", default=None, help="credential sent in hello")
+    parser.add_argument("--profile", default=None, help="profile to take")
+    parser.add_argument(
+        "--context",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="session context entry (repeatable)",
+    )
+    parser.add_argument("--confirm-tool-calls", action="store_true", help="approve every call")
+    args = parser.parse_args(list(argv) if argv is not None else None)
+    return asyncio.run(run(args))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
