@@ -54,6 +54,19 @@ _STATIC_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; c
 _CREDENTIAL_PARAMS = frozenset({"token", "access_token", "jwt", "auth", "authorization", "resume_token"})
 
 
+class _QuietWebsocketsLogger(logging.LoggerAdapter[logging.Logger]):
+    """websockets' server logger without its DEBUG lines (SPEC S2).
+
+    websockets logs every request header and frame payload at DEBUG, which would put
+    ``Authorization`` headers and ``hello.token`` in the log. It only formats those
+    lines when ``isEnabledFor(DEBUG)`` is true, so answering false drops them at the
+    source; INFO and above pass through unchanged.
+    """
+
+    def isEnabledFor(self, level: int) -> bool:
+        return level > logging.DEBUG and self.logger.isEnabledFor(level)
+
+
 def build_authenticator(settings: Settings) -> Authenticator:
     """The authenticator chain the configuration names (SPEC S2)."""
     auth = settings.auth
@@ -149,7 +162,7 @@ class Gateway:
             session._expiry = asyncio.get_running_loop().call_later(max(0.0, expires - now), self.sessions.end, session)
         for session_id, call_id, note in self.store.running_calls():
             self._interrupt_call(session_id, call_id, decode_json(note) if note else {})
-        count = self.jobs.recover(self.sessions.sessions)
+        count = self.jobs.recover(self.sessions.sessions, self.pipeline.rerun_plan)
         self.store.commit()
         if self.sessions.sessions or count:
             logger.info("recovered %d sessions, %d interrupted jobs", len(self.sessions.sessions), count)
@@ -186,8 +199,13 @@ class Gateway:
             max_size=cfg.max_message_bytes,
             ping_interval=cfg.heartbeat_interval or None,
             ping_timeout=cfg.heartbeat_timeout or None,
+            # SPEC S3: a peer that does not answer our close frame within the heartbeat
+            # timeout is as dead as one that misses a pong; park it then, not after
+            # websockets' default 10 s more (capped at that default).
+            close_timeout=min(cfg.heartbeat_timeout, 10.0) if cfg.heartbeat_timeout else 10.0,
             compression=None,
             server_header="toolbus",
+            logger=_QuietWebsocketsLogger(logging.getLogger("websockets.server"), {}),
         )
         self.port = self.server.sockets[0].getsockname()[1] if self.server.sockets else cfg.port
         loop = asyncio.get_running_loop()
