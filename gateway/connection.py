@@ -20,7 +20,7 @@ from websockets.exceptions import ConnectionClosed
 
 from gateway.auth import AuthError, Identity, bearer
 from gateway.jobs import job_info
-from gateway.outbox import Link
+from gateway.outbox import Link, Replay
 from gateway.session import Session, TokenBucket
 from protocol import messages as m
 from protocol.codec import encode
@@ -32,6 +32,9 @@ if TYPE_CHECKING:
     from gateway.server import Gateway
 
 logger = logging.getLogger("gateway.connection")
+
+REPLAY_PAGE = 256
+"""Events read from the store per page while replaying (SPEC D3)."""
 
 
 class Refused(Exception):
@@ -68,6 +71,7 @@ class Handler:
         self.link = Link(ws, cfg.max_outbound_bytes, self._on_overflow)
         self.session: Session | None = None
         self.log: logging.LoggerAdapter[logging.Logger] = logging.LoggerAdapter(logger, {})
+        self._closing: asyncio.Task[None] | None = None
 
     def _on_overflow(self) -> None:
         self.gw.metrics.closes.labels(str(int(CloseCode.TRY_AGAIN_LATER))).inc()
@@ -85,6 +89,11 @@ class Handler:
             self.log.exception("internal error; closing 1011")
             self._close(CloseCode.INTERNAL_ERROR, "")
         finally:
+            # A close we started must be sent before this handler returns: websockets
+            # closes the connection 1000 as soon as it does.
+            closing = self._closing or self.link.closer
+            if closing is not None:
+                await asyncio.shield(closing)
             self.state.closed()
             self.link.closed = True
             session = self.session
@@ -146,11 +155,14 @@ class Handler:
         assert error.close is not None
         self.gw.metrics.errors.labels(error.code.value).inc()
         self.link.push(encode(m.Error(id=error.request_id, code=error.code, message=error.message)))
-        asyncio.get_running_loop().create_task(
-            self.link.flush_and_close(error.close, close_reason(error.message))
-        )
+        self._flush_and_close(error.close, close_reason(error.message))
         self.gw.metrics.closes.labels(str(int(error.close))).inc()
         self.state.start_closing()
+
+    def _flush_and_close(self, code: CloseCode, reason: str) -> None:
+        """Send what is queued, then close; :meth:`serve` awaits it before returning."""
+        closing = self.link.flush_and_close(code, reason)
+        self._closing = asyncio.get_running_loop().create_task(closing)
 
     def _close(self, code: CloseCode, reason: str) -> None:
         self.gw.metrics.closes.labels(str(int(code))).inc()
@@ -238,11 +250,21 @@ class Handler:
         )
 
     def _replay(self, session: Session, after: int) -> None:
-        """SPEC D3: every logged event after ``after``, in order, once, then live."""
-        events = self.gw.store.events_after(session.id, after)
-        for _, body in events:
-            self.link.push(body)
-        self.gw.metrics.replayed.inc(len(events))
+        """SPEC D3: every logged event after ``after``, in order, once, then live.
+
+        The events are read a page at a time as the socket takes them (SPEC D5: a long
+        backlog must not overflow the bounded queue); events emitted from now on queue
+        behind the replay.
+        """
+        if after >= session.last_seq:
+            return
+        store, session_id = self.gw.store, session.id
+
+        def page(cursor: int) -> list[tuple[int, bytes]]:
+            return store.events_after(session_id, cursor, REPLAY_PAGE)
+
+        self.link.push_replay(Replay(page, after, session.last_seq))
+        self.gw.metrics.replayed.inc(session.last_seq - after)
 
     # -- messages (state OPEN) -------------------------------------------------------------
 
@@ -330,13 +352,12 @@ class Handler:
         self.gw.catalog.push(self.s, m.CatalogReason.CONTEXT)
 
     def on_bye(self, msg: m.Bye) -> None:
-        """End the session for good (SPEC A4: pending approvals denied, no resume)."""
+        """End the session for good, close 4001 (SPEC A4: pending approvals denied, no resume)."""
         session = self.s
         self.gw.sessions.end(session)
         self.session = None
-        asyncio.get_running_loop().create_task(
-            self.link.flush_and_close(CloseCode.NORMAL_CLOSURE, "bye")
-        )
+        self.gw.metrics.closes.labels(str(int(CloseCode.SESSION_ENDED))).inc()
+        self._flush_and_close(CloseCode.SESSION_ENDED, "bye")
         self.state.start_closing()
 
     def _error(self, request_id: str | None, code: ErrorCode, message: str) -> None:

@@ -17,6 +17,7 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from websockets.asyncio.server import ServerConnection
@@ -36,6 +37,23 @@ class Recipient(Protocol):
     link: Link | None
 
 
+Page = Callable[[int], list[tuple[int, bytes]]]
+"""Reads the next committed events of a session after a ``seq``, in order (a bounded page)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Replay:
+    """A place in a link's queue where logged events ``after < seq <= upto`` go (SPEC D3).
+
+    They are read from the store a page at a time as the socket takes them, so a long
+    backlog never sits in memory nor counts against the queue's byte bound (SPEC D5).
+    """
+
+    page: Page
+    after: int
+    upto: int
+
+
 class Link:
     """The writer of one WebSocket: a byte-bounded queue drained by one task (SPEC D5).
 
@@ -52,10 +70,13 @@ class Link:
         self.max_bytes = max_bytes
         self.closed = False
         self._on_overflow = on_overflow
-        self._queue: deque[bytes] = deque()
+        self._queue: deque[bytes | Replay] = deque()
         self._queued_bytes = 0
         self._wakeup = asyncio.Event()
         self._task = asyncio.get_running_loop().create_task(self._drain())
+        self.closer: asyncio.Task[None] | None = None
+        """The task sending the close :meth:`close` started; the connection handler awaits
+        it before returning, else websockets would close 1000 first."""
 
     def push(self, data: bytes) -> None:
         """Queue one encoded text frame; never blocks. Dropped once the link is closed."""
@@ -66,6 +87,13 @@ class Link:
         if self._queued_bytes > self.max_bytes:
             self._overflow()
             return
+        self._wakeup.set()
+
+    def push_replay(self, replay: Replay) -> None:
+        """Queue a replay of logged events (SPEC D3); frames pushed later follow it."""
+        if self.closed:
+            return
+        self._queue.append(replay)
         self._wakeup.set()
 
     @property
@@ -80,7 +108,7 @@ class Link:
         self._queue.clear()
         self._queued_bytes = 0
         self._task.cancel()
-        asyncio.get_running_loop().create_task(self._close(code, reason))
+        self.closer = asyncio.get_running_loop().create_task(self._close(code, reason))
 
     async def flush_and_close(self, code: CloseCode, reason: str) -> None:
         """Send what is queued, then close with ``code`` (SPEC S4 drain)."""
@@ -89,12 +117,35 @@ class Link:
         self.closed = True
         try:
             while self._queue:
-                data = self._queue.popleft()
-                await self.ws.send(data, text=True)
+                if not await self._send(self._queue.popleft()):
+                    break
         except ConnectionClosed:
             pass
         self._task.cancel()
         await self._close(code, reason)
+
+    async def _send(self, item: bytes | Replay) -> bool:
+        """Send one queued frame or a whole replay; ``False`` if the replay found a gap."""
+        if isinstance(item, Replay):
+            return await self._replay(item)
+        self._queued_bytes -= len(item)
+        await self.ws.send(item, text=True)
+        return True
+
+    async def _replay(self, replay: Replay) -> bool:
+        cursor = replay.after
+        while cursor < replay.upto:
+            page = replay.page(cursor)
+            if not page or page[0][0] != cursor + 1:
+                # SPEC D2: the cap dropped events not yet replayed; the client must resync.
+                logger.warning("replay cut short at seq %d: history trimmed", cursor)
+                return False
+            for seq, body in page:
+                if seq > replay.upto:
+                    break
+                await self.ws.send(body, text=True)
+                cursor = seq
+        return True
 
     async def _close(self, code: CloseCode, reason: str) -> None:
         try:
@@ -110,15 +161,15 @@ class Link:
         self.close(CloseCode.TRY_AGAIN_LATER, "slow consumer: outbound buffer full")
 
     async def _drain(self) -> None:
-        queue, ws = self._queue, self.ws
+        queue = self._queue
         try:
             while True:
                 await self._wakeup.wait()
                 self._wakeup.clear()
                 while queue:
-                    data = queue.popleft()
-                    self._queued_bytes -= len(data)
-                    await ws.send(data, text=True)
+                    if not await self._send(queue.popleft()):
+                        self.close(CloseCode.TRY_AGAIN_LATER, "replay history no longer available")
+                        return
         except ConnectionClosed:
             self.closed = True
 
@@ -134,9 +185,13 @@ class Outbox:
         self._store = store
         self._pending: list[tuple[Recipient, bytes]] = []
         self._scheduled = False
+        self._closed = False
 
     def put(self, recipient: Recipient, data: bytes) -> None:
-        """Queue a frame for ``recipient``; it leaves after the next commit."""
+        """Queue a frame for ``recipient``; it leaves after the next commit. Dropped once
+        :meth:`close` ran."""
+        if self._closed:
+            return
         self._pending.append((recipient, data))
         if not self._scheduled:
             self._scheduled = True
@@ -149,9 +204,21 @@ class Outbox:
         log and come back by replay (SPEC D3); replies to a gone socket have no reader.
         """
         self._scheduled = False
+        if self._closed:
+            return
         self._store.commit()
         pending, self._pending = self._pending, []
         for recipient, data in pending:
             link = recipient.link
             if link is not None:
                 link.push(data)
+
+    def close(self) -> None:
+        """Flush, then stop for good, before the store closes (SPEC S4 drain).
+
+        Calls still running in this process end later and emit into a store that is
+        gone; those events are dropped, neither committed nor sent. The next server
+        reports such calls from its own recovery (SPEC D3, J5).
+        """
+        self.flush()
+        self._closed = True

@@ -41,6 +41,7 @@ from gateway.outbox import Outbox
 from gateway.pipeline import Pipeline
 from gateway.session import Session, SessionTable
 from gateway.store import SqliteStore, Store
+from gateway.wsconn import CoalescingConnection
 from protocol import messages as m
 from protocol.codec import decode_json
 from protocol.errors import CloseCode, ErrorCode
@@ -205,6 +206,7 @@ class Gateway:
             close_timeout=min(cfg.heartbeat_timeout, 10.0) if cfg.heartbeat_timeout else 10.0,
             compression=None,
             server_header="toolbus",
+            create_connection=CoalescingConnection,
             logger=_QuietWebsocketsLogger(logging.getLogger("websockets.server"), {}),
         )
         self.port = self.server.sockets[0].getsockname()[1] if self.server.sockets else cfg.port
@@ -248,7 +250,7 @@ class Gateway:
                 closing.append(link.flush_and_close(CloseCode.SERVICE_RESTART, "server restart"))
         await asyncio.gather(*closing, return_exceptions=True)
         await self.server.wait_closed()
-        self.outbox.flush()
+        self.outbox.close()
         self.store.close()
         self.pool.shutdown(wait=False, cancel_futures=True)
 

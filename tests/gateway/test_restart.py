@@ -1,0 +1,194 @@
+"""A server restart, graceful (drain) and by crash (SIGKILL), resumed on the same data_dir
+(SPEC D3, J5, S4, A4, I12)."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from websockets.asyncio.client import connect
+
+from gateway.config import DEMO_DIR, Settings
+from gateway.demo import handlers
+from gateway.server import Gateway
+from tests.support import WAIT, Peer, peer, running, settings_for
+
+ROOT = Path(__file__).resolve().parents[2]
+CONVERT = {"value": 1, "from_unit": "m", "to_unit": "cm"}
+
+# ``report`` is idempotent, so SPEC J5 lets a restart run it again; this twin is not, so a
+# restart must report it failed.
+ONCE_TOOL = """
+tools:
+  - name: report_once
+    description: Like report, but not idempotent.
+    capability: reports
+    mode: async
+    handler: gateway.demo.handlers:report
+    dispatch_message: Writing it now.
+    parameters:
+      type: object
+      properties:
+        topic: {type: string, minLength: 1}
+        sections: {type: integer, minimum: 1, maximum: 10}
+      required: [topic]
+      additionalProperties: false
+"""
+
+
+def restart_settings(tmp: Path) -> Settings:
+    """The demo catalog plus ``report_once``, data in ``tmp``: the same for both servers."""
+    extra = tmp / "once.yaml"
+    extra.write_text(ONCE_TOOL)
+    return settings_for(tmp, catalog={"tools": [DEMO_DIR / "tools.yaml", extra]})
+
+
+# A server in its own process, so that it can be killed without any chance to clean up.
+SERVER_SCRIPT = """
+import asyncio, sys
+from pathlib import Path
+from gateway.demo import handlers
+from gateway.server import Gateway
+from tests.gateway.test_restart import restart_settings
+
+handlers.REPORT_SECTION_SECONDS = 3600.0  # the job is still running when the process dies
+
+async def main() -> None:
+    gateway = Gateway(restart_settings(Path(sys.argv[1])))
+    await gateway.start()
+    print(gateway.port, flush=True)
+    await asyncio.Event().wait()
+
+asyncio.run(main())
+"""
+
+
+@asynccontextmanager
+async def client(url: str, **hello: Any) -> AsyncIterator[Peer]:
+    async with connect(url, subprotocols=["toolbus.v1"], max_size=None) as ws:  # type: ignore[list-item]
+        p = Peer(ws)
+        await p.hello(**hello)
+        yield p
+
+
+async def before_restart(p: Peer) -> dict[str, Any]:
+    """Open work of every kind: a finished call (acked), a running job, a pending approval."""
+    await p.invoke("c1", "convert_units", CONVERT)
+    done = await p.terminal("c1")
+    await p.send({"type": "ack", "seq": done["seq"]})
+    await p.invoke("job", "report_once", {"topic": "restarts", "sections": 1})
+    dispatched = await p.terminal("job")
+    await p.invoke("gated", "notes_delete", {"note_id": 1})
+    start = await p.expect("tool_start", call_id="gated")
+    assert start["approval_id"]
+    return {
+        "done": done,
+        "job_id": dispatched["job_id"],
+        "approval_id": start["approval_id"],
+        "last_seq": start["seq"],
+    }
+
+
+async def after_restart(gw: Gateway, p: Peer, state: dict[str, Any]) -> None:
+    """Resume on the restarted server and check what SPEC D3, J5, A4 and I12 promise."""
+    fields = {
+        "session_id": p.welcome["session_id"],
+        "resume_token": p.welcome["resume_token"],
+        "last_seq": state["last_seq"],
+    }
+    async with peer(gw, **fields) as again:
+        assert again.welcome["resumed"] is True
+        await again.send({"type": "job.get", "id": "jg", "job_id": state["job_id"]})
+        job = (await again.expect("job", id="jg"))["job"]
+        events = [m for m in again.seen if "seq" in m]
+        # Nothing lost, nothing twice, in order, continuing the old numbering.
+        seqs = [m["seq"] for m in events]
+        assert seqs == list(range(state["last_seq"] + 1, again.welcome["last_seq"] + 1))
+        assert not [seq for seq, n in Counter(seqs).items() if n > 1]
+        by_type = {m["type"]: m for m in events}
+        assert set(by_type) == {"job.failed", "tool.resolved", "call.error"}, events
+        failed = by_type["job.failed"]
+        assert failed["job_id"] == state["job_id"]
+        assert failed["call_id"] == "job"
+        assert failed["error"]["code"] == "interrupted"
+        resolved = by_type["tool.resolved"]
+        assert (resolved["call_id"], resolved["approval_id"], resolved["tool"]) == (
+            "gated",
+            state["approval_id"],
+            "notes_delete",
+        )
+        assert (resolved["resolution"], resolved["reason"]) == ("denied", "disconnected")
+        cancelled = by_type["call.error"]
+        assert (cancelled["call_id"], cancelled["tool"], cancelled["code"]) == (
+            "gated",
+            "notes_delete",
+            "cancelled",
+        )
+        assert (job["state"], job["error"]["code"]) == ("failed", "interrupted")
+        # SPEC I12 across the restart: the finished call answers its recorded outcome.
+        await again.invoke("c1", "convert_units", CONVERT)
+        assert await again.terminal("c1") == state["done"]
+        # The settled approval can no longer be used.
+        await again.send(
+            {
+                "type": "tool.confirm",
+                "id": "k",
+                "approval_id": state["approval_id"],
+                "decision": "allow",
+            }
+        )
+        assert (await again.expect("confirm.result", id="k"))["accepted"] is False
+        await again.invoke("gated", "notes_delete", {"note_id": 1})
+        assert await again.terminal("gated") == cancelled
+
+
+async def test_restart_after_drain_resumes_without_loss(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RESTART / SPEC S4, D3, J5: drain, a new server on the same data_dir, resume: no event
+    lost or doubled; the running job failed "interrupted"; the pending approval cancelled."""
+    monkeypatch.setattr(handlers, "REPORT_SECTION_SECONDS", 3600.0)
+    settings = restart_settings(tmp_path)
+    first = Gateway(settings)
+    await first.start()
+    async with peer(first) as p:
+        state = await before_restart(p)
+        p.ws.transport.abort()
+        await first.drain()
+    async with running(settings) as second:
+        await after_restart(second, p, state)
+
+
+async def test_restart_after_crash_resumes_without_loss(tmp_path: Path) -> None:
+    """RESTART / SPEC D3, J5: the server process is SIGKILLed; a new server on the same
+    data_dir resumes the session: the same guarantees as after a drain."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        SERVER_SCRIPT,
+        str(tmp_path),
+        stdout=asyncio.subprocess.PIPE,
+        cwd=ROOT,
+    )
+    try:
+        assert proc.stdout is not None
+        async with asyncio.timeout(WAIT):
+            port = int(await proc.stdout.readline())
+        async with client(f"ws://127.0.0.1:{port}/") as p:
+            state = await before_restart(p)
+            proc.kill()
+            async with asyncio.timeout(WAIT):
+                await proc.wait()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode == -9
+    async with running(restart_settings(tmp_path)) as second:
+        await after_restart(second, p, state)
