@@ -73,7 +73,9 @@ class Approvals:
         self.pending: dict[str, Approval] = {}
         self._settled: OrderedDict[str, tuple[str, Outcome]] = OrderedDict()
 
-    def open(self, session_id: str, user: str, call_id: str, tool: str, params: dict[str, Any]) -> Approval:
+    def open(
+        self, session_id: str, user: str, call_id: str, tool: str, params: dict[str, Any]
+    ) -> Approval:
         """Register a pending approval; its timeout clock starts now (SPEC A2, A4)."""
         loop = asyncio.get_running_loop()
         approval = Approval(
@@ -86,7 +88,11 @@ class Approvals:
             expires_at=self._clock() + self.timeout,
         )
         approval.timer = loop.call_later(
-            self.timeout, self.settle, approval.approval_id, Resolution.DENIED, ResolutionReason.TIMEOUT
+            self.timeout,
+            self.settle,
+            approval.approval_id,
+            Resolution.DENIED,
+            ResolutionReason.TIMEOUT,
         )
         self.pending[approval.approval_id] = approval
         return approval
@@ -149,5 +155,7 @@ class Approvals:
 
     def settle_session(self, session_id: str, reason: ResolutionReason) -> None:
         """Deny every pending approval of a session that ended (SPEC A4)."""
-        for approval_id in [a.approval_id for a in self.pending.values() if a.session_id == session_id]:
+        for approval_id in [
+            a.approval_id for a in self.pending.values() if a.session_id == session_id
+        ]:
             self.settle(approval_id, Resolution.DENIED, reason)

@@ -54,18 +54,27 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from gateway.server import Gateway, run
 
     settings = _settings(args)
-    logs.setup(settings.log.level, settings.log.json_logs,
-               settings.log.audit_file or settings.data_dir / "audit.jsonl")
+    logs.setup(
+        settings.log.level,
+        settings.log.json_logs,
+        settings.log.audit_file or settings.data_dir / "audit.jsonl",
+    )
     banner = []
-    if settings.auth.token_file is None and not (settings.auth.jwt_secret or settings.auth.jwt_public_key_file):
+    if settings.auth.token_file is None and not (
+        settings.auth.jwt_secret or settings.auth.jwt_public_key_file
+    ):
         catalog = load_catalog(settings.catalog.tools, settings.catalog.profiles)
         token, token_file = write_dev_token(settings.data_dir, sorted(catalog.profiles))
-        settings = settings.model_copy(update={"auth": settings.auth.model_copy(update={"token_file": token_file})})
+        settings = settings.model_copy(
+            update={"auth": settings.auth.model_copy(update={"token_file": token_file})}
+        )
         banner.append(f"dev token (profiles: {', '.join(sorted(catalog.profiles))}): {token}")
 
     def started(gateway: Gateway) -> None:
         host = settings.server.host
-        print(f"toolbus serving on ws://{host}:{gateway.port}/  (subprotocol toolbus.v1)", flush=True)
+        print(
+            f"toolbus serving on ws://{host}:{gateway.port}/  (subprotocol toolbus.v1)", flush=True
+        )
         print(f"demo console: http://{host}:{gateway.port}/", flush=True)
         for line in banner:
             print(line, flush=True)
@@ -95,7 +104,10 @@ def cmd_catalog(args: argparse.Namespace) -> int:
         print(exc, file=sys.stderr)
         return 1
     if args.profile not in catalog.profiles:
-        print(f"unknown profile {args.profile!r}; known: {', '.join(sorted(catalog.profiles))}", file=sys.stderr)
+        print(
+            f"unknown profile {args.profile!r}; known: {', '.join(sorted(catalog.profiles))}",
+            file=sys.stderr,
+        )
         return 1
     context = dict(pair.split("=", 1) for pair in args.context)
     tools = visible_tools(catalog, catalog.profile(args.profile), Scope(context, args.origin))
@@ -137,8 +149,11 @@ def cmd_token(args: argparse.Namespace) -> int:
     data = yaml.safe_load(path.read_text()) if path.exists() else None
     data = data or {"tokens": []}
     token = new_token()
-    entry: dict[str, object] = {"sha256": hash_token(token), "user": args.user,
-                                "profiles": [p for p in args.profiles.split(",") if p]}
+    entry: dict[str, object] = {
+        "sha256": hash_token(token),
+        "user": args.user,
+        "profiles": [p for p in args.profiles.split(",") if p],
+    }
     if args.tenant:
         entry["tenant"] = args.tenant
     data["tokens"].append(entry)
@@ -158,11 +173,17 @@ def _delegate(module: str, argv: Sequence[str]) -> int:
 
 def parser() -> argparse.ArgumentParser:
     """The argument parser of ``toolbus`` (SPEC O1)."""
-    top = argparse.ArgumentParser(prog="toolbus", description="A WebSocket gateway between realtime agents and their tools.")
+    top = argparse.ArgumentParser(
+        prog="toolbus", description="A WebSocket gateway between realtime agents and their tools."
+    )
     sub = top.add_subparsers(dest="command", required=True)
 
     def with_config(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-        p.add_argument("--config", type=Path, help="YAML config file (env TOOLBUS_<SECTION>__<KEY> overrides it)")
+        p.add_argument(
+            "--config",
+            type=Path,
+            help="YAML config file (env TOOLBUS_<SECTION>__<KEY> overrides it)",
+        )
         return p
 
     serve = with_config(sub.add_parser("serve", help="run the server"))
@@ -171,7 +192,9 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--data-dir", type=Path, help="folder for SQLite, audit log, dev token")
     serve.set_defaults(func=cmd_serve)
 
-    with_config(sub.add_parser("check", help="validate the catalog and profiles")).set_defaults(func=cmd_check)
+    with_config(sub.add_parser("check", help="validate the catalog and profiles")).set_defaults(
+        func=cmd_check
+    )
 
     cat = with_config(sub.add_parser("catalog", help="print a profile's catalog (SPEC C4 formats)"))
     cat.add_argument("--profile", required=True)

@@ -206,7 +206,7 @@ def reference_markdown() -> str:
         "# Configuration reference",
         "",
         "Generated from `gateway/config.py` (`python -c 'from gateway.config import "
-        "reference_markdown as r; print(r(), end=\"\")' > docs/configuration.md`);",
+        'reference_markdown as r; print(r(), end="")\' > docs/configuration.md`);',
         "`tests/gateway/test_config.py` fails when this file is out of date.",
         "",
         "toolbus reads one YAML file (`toolbus serve --config FILE`), then environment",
@@ -215,7 +215,7 @@ def reference_markdown() -> str:
         "",
         "```yaml",
         "data_dir: /var/lib/toolbus",
-        "server: {host: 0.0.0.0, port: 8765, origins: [\"https://app.example\"]}",
+        'server: {host: 0.0.0.0, port: 8765, origins: ["https://app.example"]}',
         "auth: {token_file: /etc/toolbus/tokens.yaml}",
         "catalog: {tools: [/etc/toolbus/tools], profiles: [/etc/toolbus/profiles.yaml]}",
         "limits: {invoke_rate: 20}",
@@ -229,8 +229,13 @@ def reference_markdown() -> str:
         model = info.annotation
         if not (isinstance(model, type) and issubclass(model, _Section)):
             continue
-        lines += ["", f"## `{section}`", "", "| key | default | environment | meaning |",
-                  "| --- | --- | --- | --- |"]
+        lines += [
+            "",
+            f"## `{section}`",
+            "",
+            "| key | default | environment | meaning |",
+            "| --- | --- | --- | --- |",
+        ]
         for key, field in model.model_fields.items():
             env = f"TOOLBUS_{section.upper()}__{key.upper()}"
             lines.append(_row(f"{section}.{key}", field, env))

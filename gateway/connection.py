@@ -95,7 +95,7 @@ class Handler:
             if closing is not None:
                 await asyncio.shield(closing)
             self.state.closed()
-            self.link.closed = True
+            self.link.detach()
             session = self.session
             if session is not None:
                 self.gw.sessions.park(session, self.link, self.gw.clock())
@@ -109,7 +109,9 @@ class Handler:
         except TimeoutError:
             self._fail(StateError(ErrorCode.HELLO_TIMEOUT, "no hello in time"))
             return False
-        received = self.state.receive_binary() if isinstance(raw, bytes) else self.state.receive(raw)
+        received = (
+            self.state.receive_binary() if isinstance(raw, bytes) else self.state.receive(raw)
+        )
         if isinstance(received, ProtocolError):
             self._fail(received)
             return False
@@ -118,7 +120,9 @@ class Handler:
             self._open(received)
         except Refused as refusal:
             self.gw.metrics.errors.labels(refusal.code.value).inc()
-            self.link.push(encode(m.Error(id=received.id, code=refusal.code, message=refusal.message)))
+            self.link.push(
+                encode(m.Error(id=received.id, code=refusal.code, message=refusal.message))
+            )
             await self.link.flush_and_close(refusal.close, close_reason(refusal.message))
             self.gw.metrics.closes.labels(str(int(refusal.close))).inc()
             return False
@@ -127,7 +131,9 @@ class Handler:
     async def _loop(self) -> None:
         while True:
             raw = await self.ws.recv()
-            received = self.state.receive_binary() if isinstance(raw, bytes) else self.state.receive(raw)
+            received = (
+                self.state.receive_binary() if isinstance(raw, bytes) else self.state.receive(raw)
+            )
             if isinstance(received, Ignored):
                 continue
             if isinstance(received, ProtocolError):
@@ -172,12 +178,16 @@ class Handler:
     # -- hello (SPEC S1, S2, D3, D4) -----------------------------------------------------
 
     def _identity(self, hello: m.Hello) -> Identity:
-        credential = hello.token or bearer(self.ws.request.headers.get("Authorization") if self.ws.request else None)
+        credential = hello.token or bearer(
+            self.ws.request.headers.get("Authorization") if self.ws.request else None
+        )
         try:
             return self.gw.authenticator.authenticate(credential)
         except AuthError as exc:
             self.log.warning("authentication failed: %s", exc)
-            raise Refused(ErrorCode.AUTH_FAILED, "authentication failed", CloseCode.AUTH_FAILED) from exc
+            raise Refused(
+                ErrorCode.AUTH_FAILED, "authentication failed", CloseCode.AUTH_FAILED
+            ) from exc
 
     def _open(self, hello: m.Hello) -> None:
         identity = self._identity(hello)
@@ -208,9 +218,15 @@ class Handler:
 
     def _resumable(self, hello: m.Hello, identity: Identity) -> tuple[Session | None, bool]:
         session = self.gw.sessions.get(hello.session_id)
-        if session is None or not hello.resume_token or not session.token_matches(hello.resume_token):
+        if (
+            session is None
+            or not hello.resume_token
+            or not session.token_matches(hello.resume_token)
+        ):
             return None, False
-        if session.user != identity.user or (hello.profile and hello.profile != session.profile.name):
+        if session.user != identity.user or (
+            hello.profile and hello.profile != session.profile.name
+        ):
             return None, False
         last = hello.last_seq or 0
         if last < session.floor_seq or last > session.last_seq:
@@ -226,14 +242,25 @@ class Handler:
         if name is None and len(identity.profiles) == 1:
             name = next(iter(identity.profiles))
         if name is None or name not in identity.profiles:
-            raise Refused(ErrorCode.PROFILE_DENIED, f"profile {name!r} is not granted", CloseCode.AUTH_FAILED)
+            raise Refused(
+                ErrorCode.PROFILE_DENIED, f"profile {name!r} is not granted", CloseCode.AUTH_FAILED
+            )
         limits = gw.settings.limits
         if gw.sessions.count_for(identity.user) >= limits.max_sessions_per_user:
-            raise Refused(ErrorCode.TOO_MANY_SESSIONS, "too many sessions for this user", CloseCode.TRY_AGAIN_LATER)
+            raise Refused(
+                ErrorCode.TOO_MANY_SESSIONS,
+                "too many sessions for this user",
+                CloseCode.TRY_AGAIN_LATER,
+            )
         profile = gw.catalog.current.profile(name)
         session, token = gw.sessions.new(
-            identity.user, identity.tenant, profile, dict(hello.context),
-            hello.options.model_dump(), gw.bucket(), gw.clock(),
+            identity.user,
+            identity.tenant,
+            profile,
+            dict(hello.context),
+            hello.options.model_dump(),
+            gw.bucket(),
+            gw.clock(),
         )
         self._resume_token = token
         return session
@@ -244,9 +271,15 @@ class Handler:
 
     def _welcome(self, hello: m.Hello, session: Session, token: str, resumed: bool) -> m.Welcome:
         return m.Welcome(
-            id=hello.id, protocol=SUBPROTOCOL_V1, session_id=session.id, resume_token=token,
-            resumed=resumed, last_seq=session.last_seq, user=session.user,
-            profile=session.profile.name, limits=self.gw.limits,
+            id=hello.id,
+            protocol=SUBPROTOCOL_V1,
+            session_id=session.id,
+            resume_token=token,
+            resumed=resumed,
+            last_seq=session.last_seq,
+            user=session.user,
+            profile=session.profile.name,
+            limits=self.gw.limits,
         )
 
     def _replay(self, session: Session, after: int) -> None:
@@ -292,7 +325,9 @@ class Handler:
         """SPEC A3: first decision wins; anything else is "not accepted" with a reason."""
         reason = self.gw.approvals.confirm(self.s.id, self.s.user, msg.approval_id, msg.decision)
         self.s.reply(
-            m.ConfirmResult(id=msg.id, approval_id=msg.approval_id, accepted=reason is None, reason=reason)
+            m.ConfirmResult(
+                id=msg.id, approval_id=msg.approval_id, accepted=reason is None, reason=reason
+            )
         )
 
     def on_grants_list(self, msg: m.GrantsList) -> None:
@@ -300,7 +335,9 @@ class Handler:
 
     def on_grants_revoke(self, msg: m.GrantsRevoke) -> None:
         if msg.tool not in self.s.grants:
-            self._error(msg.id, ErrorCode.UNKNOWN_GRANT, f"no 'always allow' grant for {msg.tool!r}")
+            self._error(
+                msg.id, ErrorCode.UNKNOWN_GRANT, f"no 'always allow' grant for {msg.tool!r}"
+            )
             return
         self.s.grants.discard(msg.tool)
         self.s.save()
@@ -331,10 +368,21 @@ class Handler:
         row = self._own_job(msg.id, msg.job_id)
         if row is None:
             return
-        if not self.gw.jobs.cancel(msg.job_id):
-            self._error(msg.id, ErrorCode.JOB_FINISHED, f"job {msg.job_id!r} already ended ({row.state})")
+        task = self.gw.jobs.cancel(msg.job_id)
+        if task is None:
+            self._error(
+                msg.id, ErrorCode.JOB_FINISHED, f"job {msg.job_id!r} already ended ({row.state})"
+            )
             return
-        self.s.reply(m.Job(id=msg.id, job=job_info(row)))
+        asyncio.get_running_loop().create_task(self._reply_cancelled(msg, task))
+
+    async def _reply_cancelled(self, msg: m.JobCancel, task: asyncio.Task[None]) -> None:
+        """SPEC J3: answer ``job.cancel`` with the job's final state, once it is stored."""
+        await asyncio.wait({task})
+        row = self.gw.store.job(msg.job_id)
+        session = self.session
+        if row is not None and session is not None:
+            session.reply(m.Job(id=msg.id, job=job_info(row)))
 
     def on_ack(self, msg: m.Ack) -> None:
         self.s.ack(msg.seq)

@@ -40,8 +40,10 @@ class Deny:
     reason_code: str
 
 
-PreHook = Callable[[CallInfo], "Deny | None | Awaitable[Deny | None]"]
-PostHook = Callable[[CallInfo, dict[str, Any]], "dict[str, Any] | None | Awaitable[dict[str, Any] | None]"]
+PreHook = Callable[[CallInfo], "Deny | Awaitable[Deny | None] | None"]
+PostHook = Callable[
+    [CallInfo, dict[str, Any]], "dict[str, Any] | Awaitable[dict[str, Any] | None] | None"
+]
 
 
 def resolve(path: str) -> Callable[..., Any]:

@@ -124,30 +124,36 @@ class JobRunner:
         """
         now = self._clock()
         job_id = rerun.job_id if rerun else "job_" + secrets.token_urlsafe(12)
-        row = replace(rerun, state=m.JobState.QUEUED, started_at=None) if rerun else JobRow(
-            job_id=job_id,
-            tool=tool.name,
-            state=m.JobState.RUNNING if adopt else m.JobState.QUEUED,
-            session_id=session.id,
-            user=session.user,
-            tenant=session.tenant,
-            profile=session.profile.name,
-            call_id=ctx.call_id,
-            params=params,
-            context=dict(session.context),
-            created_at=now,
-            started_at=now if adopt else None,
-            finished_at=None,
-            summary=None,
-            artifacts=[],
-            result=None,
-            error=None,
+        row = (
+            replace(rerun, state=m.JobState.QUEUED, started_at=None)
+            if rerun
+            else JobRow(
+                job_id=job_id,
+                tool=tool.name,
+                state=m.JobState.RUNNING if adopt else m.JobState.QUEUED,
+                session_id=session.id,
+                user=session.user,
+                tenant=session.tenant,
+                profile=session.profile.name,
+                call_id=ctx.call_id,
+                params=params,
+                context=dict(session.context),
+                created_at=now,
+                started_at=now if adopt else None,
+                finished_at=None,
+                summary=None,
+                artifacts=[],
+                result=None,
+                error=None,
+            )
         )
         job = ActiveJob(row, session, idempotent=tool.idempotent and adopt is None)
         ctx = replace(ctx, job_id=job_id, progress=self._progress_sink(job))
         self._save(job, row)
         self.active[job_id] = job
-        job.task = asyncio.get_running_loop().create_task(self._run(job, tool, params, ctx, post, adopt))
+        job.task = asyncio.get_running_loop().create_task(
+            self._run(job, tool, params, ctx, post, adopt)
+        )
         return job_id
 
     def _save(self, job: ActiveJob, row: JobRow) -> None:
@@ -178,7 +184,9 @@ class JobRunner:
                 value = await adopt
             else:
                 async with self._semaphore(job.session.id), self._global:
-                    self._save(job, replace(job.row, state=m.JobState.RUNNING, started_at=self._clock()))
+                    self._save(
+                        job, replace(job.row, state=m.JobState.RUNNING, started_at=self._clock())
+                    )
                     value = await self._execute(tool, params, ctx)
             result, _ = await post(as_object(value))
             self._finish_done(job, result)
@@ -196,7 +204,9 @@ class JobRunner:
             self._finish_failed(job, {"code": "timeout", "message": f"{tool.name} timed out"})
         except Exception as exc:
             logger.info("job %s failed: %s", job.row.job_id, type(exc).__name__, exc_info=True)
-            self._finish_failed(job, {"code": "handler_error", "message": f"{type(exc).__name__}: {exc}"})
+            self._finish_failed(
+                job, {"code": "handler_error", "message": f"{type(exc).__name__}: {exc}"}
+            )
         finally:
             self.active.pop(job.row.job_id, None)
             self._progress.pop(job.row.job_id, None)
@@ -216,23 +226,33 @@ class JobRunner:
             artifacts = []
         now = self._clock()
         row = replace(
-            job.row, state=m.JobState.DONE, finished_at=now, summary=summary,
-            artifacts=artifacts, result=result,
+            job.row,
+            state=m.JobState.DONE,
+            finished_at=now,
+            summary=summary,
+            artifacts=artifacts,
+            result=result,
         )
         self._end(job, row)
-        self._emit(job, m.JobDone, summary=summary, artifacts=artifacts, result=result, finished_at=now)
+        self._emit(
+            job, m.JobDone, summary=summary, artifacts=artifacts, result=result, finished_at=now
+        )
 
     def _finish_failed(self, job: ActiveJob, error: dict[str, Any]) -> None:
         now = self._clock()
         summary = f"{job.row.tool} failed: {error['message']}"
-        row = replace(job.row, state=m.JobState.FAILED, finished_at=now, summary=summary, error=error)
+        row = replace(
+            job.row, state=m.JobState.FAILED, finished_at=now, summary=summary, error=error
+        )
         self._end(job, row)
         self._emit(job, m.JobFailed, summary=summary, error=m.JobError(**error), finished_at=now)
 
     def _finish_cancelled(self, job: ActiveJob) -> None:
         now = self._clock()
         summary = f"{job.row.tool} was cancelled"
-        self._end(job, replace(job.row, state=m.JobState.CANCELLED, finished_at=now, summary=summary))
+        self._end(
+            job, replace(job.row, state=m.JobState.CANCELLED, finished_at=now, summary=summary)
+        )
         self._emit(job, m.JobCancelled, summary=summary, finished_at=now)
 
     def _end(self, job: ActiveJob, row: JobRow) -> None:
@@ -242,7 +262,9 @@ class JobRunner:
 
     def _emit(self, job: ActiveJob, cls: type[Any], **fields: Any) -> None:
         if not job.session.ended:
-            job.session.emit(cls, job_id=job.row.job_id, tool=job.row.tool, call_id=job.row.call_id, **fields)
+            job.session.emit(
+                cls, job_id=job.row.job_id, tool=job.row.tool, call_id=job.row.call_id, **fields
+            )
 
     def _progress_sink(self, job: ActiveJob) -> Callable[[float | None, str | None], None]:
         loop = asyncio.get_running_loop()
@@ -307,13 +329,20 @@ class JobRunner:
                 continue
             now = self._clock()
             summary = f"{row.tool} failed: {INTERRUPTED['message']}"
-            failed = replace(row, state=m.JobState.FAILED, finished_at=now, summary=summary, error=INTERRUPTED)
+            failed = replace(
+                row, state=m.JobState.FAILED, finished_at=now, summary=summary, error=INTERRUPTED
+            )
             self._store.stage_job(failed)
             session = sessions.get(row.session_id)
             if session is not None:
                 session.emit(
-                    m.JobFailed, job_id=row.job_id, tool=row.tool, call_id=row.call_id,
-                    summary=summary, error=m.JobError(**INTERRUPTED), finished_at=now,
+                    m.JobFailed,
+                    job_id=row.job_id,
+                    tool=row.tool,
+                    call_id=row.call_id,
+                    summary=summary,
+                    error=m.JobError(**INTERRUPTED),
+                    finished_at=now,
                 )
         return count
 

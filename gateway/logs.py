@@ -53,9 +53,11 @@ def setup(level: str, json_logs: bool, audit_file: Path | None) -> None:
             stderr with the rest.
     """
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if json_logs else logging.Formatter(
-        "%(asctime)s %(levelname)s %(name)s: %(message)s"
-    ))
+    handler.setFormatter(
+        JsonFormatter()
+        if json_logs
+        else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    )
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

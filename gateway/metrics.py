@@ -22,7 +22,22 @@ class Metrics:
             "toolbus_invoke_seconds",
             "Invoke latency from receipt to terminal reply, in seconds",
             ["mode"],
-            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            buckets=(
+                0.0005,
+                0.001,
+                0.0025,
+                0.005,
+                0.01,
+                0.025,
+                0.05,
+                0.1,
+                0.25,
+                0.5,
+                1,
+                2.5,
+                5,
+                10,
+            ),
             registry=r,
         )
         self.jobs = Gauge("toolbus_jobs", "Jobs of this process by state", ["state"], registry=r)
@@ -36,7 +51,10 @@ class Metrics:
             "toolbus_replayed_events_total", "Events re-sent on resume", registry=r
         )
         self.closes = Counter(
-            "toolbus_closes_total", "Sockets closed by the server, by close code", ["code"], registry=r
+            "toolbus_closes_total",
+            "Sockets closed by the server, by close code",
+            ["code"],
+            registry=r,
         )
         self.errors = Counter("toolbus_errors_total", "Error replies by code", ["code"], registry=r)
 

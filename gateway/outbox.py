@@ -14,6 +14,7 @@ event is in the log and comes back by replay on resume.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import deque
 from collections.abc import Callable
@@ -29,6 +30,10 @@ if TYPE_CHECKING:
     from gateway.store import Store
 
 logger = logging.getLogger("gateway.outbox")
+
+
+BATCH_FRAMES = 64
+"""Frames handed to the socket in one write at most; more wait for the next turn."""
 
 
 class Recipient(Protocol):
@@ -124,13 +129,34 @@ class Link:
         self._task.cancel()
         await self._close(code, reason)
 
+    def detach(self) -> None:
+        """The socket is gone: drop what is queued and stop the writer task."""
+        self.closed = True
+        self._queue.clear()
+        self._queued_bytes = 0
+        self._task.cancel()
+
     async def _send(self, item: bytes | Replay) -> bool:
-        """Send one queued frame or a whole replay; ``False`` if the replay found a gap."""
+        """Send one queued frame, with the frames queued right behind it, or a whole
+        replay; ``False`` if the replay found a gap."""
         if isinstance(item, Replay):
             return await self._replay(item)
-        self._queued_bytes -= len(item)
-        await self.ws.send(item, text=True)
+        batch = [item]
+        queue = self._queue
+        while queue and len(batch) < BATCH_FRAMES and isinstance(queue[0], bytes):
+            batch.append(queue.popleft())  # type: ignore[arg-type]
+        self._queued_bytes -= sum(len(data) for data in batch)
+        await self._send_batch(batch)
         return True
+
+    async def _send_batch(self, frames: list[bytes]) -> None:
+        """Send already-encoded text frames in one write (see :mod:`gateway.wsconn`)."""
+        if len(frames) == 1:
+            await self.ws.send(frames[0], text=True)
+            return
+        async with self.ws.send_context():
+            for data in frames:
+                self.ws.protocol.send_text(data)
 
     async def _replay(self, replay: Replay) -> bool:
         cursor = replay.after
@@ -140,18 +166,16 @@ class Link:
                 # SPEC D2: the cap dropped events not yet replayed; the client must resync.
                 logger.warning("replay cut short at seq %d: history trimmed", cursor)
                 return False
-            for seq, body in page:
-                if seq > replay.upto:
-                    break
-                await self.ws.send(body, text=True)
-                cursor = seq
+            frames = [body for seq, body in page if seq <= replay.upto]
+            if not frames:
+                break
+            await self._send_batch(frames)
+            cursor = page[len(frames) - 1][0]
         return True
 
     async def _close(self, code: CloseCode, reason: str) -> None:
-        try:
+        with contextlib.suppress(ConnectionClosed):
             await self.ws.close(int(code), reason)
-        except ConnectionClosed:
-            pass
 
     def _overflow(self) -> None:
         logger.warning(

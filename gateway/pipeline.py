@@ -33,9 +33,9 @@ from gateway.context import ToolContext
 from gateway.execute import as_object, run_handler
 from gateway.hooks import CallInfo, PostHook, PreHook, run_post, run_pre
 from gateway.jobs import JobRunner, PostProcess
-from gateway.store import JobRow
 from gateway.metrics import Metrics
 from gateway.session import Session
+from gateway.store import JobRow
 from protocol import messages as m
 from protocol.codec import encode_json
 from protocol.errors import ErrorCode
@@ -195,10 +195,24 @@ class Pipeline:
             tool=tool.name,
             data_dir=self.data_dir,
         )
-        info = CallInfo(session.id, session.user, session.profile.name, call.call_id, tool, call.params, ctx.context)
+        info = CallInfo(
+            session.id,
+            session.user,
+            session.profile.name,
+            call.call_id,
+            tool,
+            call.params,
+            ctx.context,
+        )
         deny = await run_pre(self.pre_hooks, info)
         if deny is not None:
-            self._error(call, ErrorCode.DENIED_BY_HOOK, deny.reason, Outcome.DENIED_BY_HOOK, reason_code=deny.reason_code)
+            self._error(
+                call,
+                ErrorCode.DENIED_BY_HOOK,
+                deny.reason,
+                Outcome.DENIED_BY_HOOK,
+                reason_code=deny.reason_code,
+            )
             return
         if not await self._approved(call, tool):
             return
@@ -211,8 +225,11 @@ class Pipeline:
         """SPEC I13: refuse, then push the current catalog."""
         session = call.session
         self._error(
-            call, ErrorCode.STALE_CATALOG, "the catalog changed; use the new one",
-            Outcome.STALE_CATALOG, catalog_version=session.catalog_version,
+            call,
+            ErrorCode.STALE_CATALOG,
+            "the catalog changed; use the new one",
+            Outcome.STALE_CATALOG,
+            catalog_version=session.catalog_version,
         )
         self.catalog.push(session, m.CatalogReason.STALE, force=True)
 
@@ -224,8 +241,12 @@ class Pipeline:
         visible = call.session.catalog_names
         guidance = self.catalog.current.guidance.get(call.tool_name)
         self._error(
-            call, ErrorCode.UNKNOWN_TOOL, f"no tool named {call.tool_name!r}", Outcome.UNKNOWN_TOOL,
-            suggestions=suggest(call.tool_name, visible), guidance=guidance,
+            call,
+            ErrorCode.UNKNOWN_TOOL,
+            f"no tool named {call.tool_name!r}",
+            Outcome.UNKNOWN_TOOL,
+            suggestions=suggest(call.tool_name, visible),
+            guidance=guidance,
         )
         return None
 
@@ -233,19 +254,38 @@ class Pipeline:
         """SPEC I2 (gates re-checked now), I3 (route), I4 (parameters)."""
         session = call.session
         denial = check_access(
-            tool, session.profile, Scope(session.context, session.origin), self.catalog.current.safe_default
+            tool,
+            session.profile,
+            Scope(session.context, session.origin),
+            self.catalog.current.safe_default,
         )
         if denial is not None:
             code = ErrorCode(denial.value)
-            self._error(call, code, f"{tool.name} is not available: {denial.value}", Outcome(denial.value))
+            self._error(
+                call, code, f"{tool.name} is not available: {denial.value}", Outcome(denial.value)
+            )
             return False
         if tool.mode is Mode.CLIENT:
-            self._error(call, ErrorCode.WRONG_ROUTE, f"{tool.name} runs in the client, not on the server", Outcome.WRONG_ROUTE)
+            self._error(
+                call,
+                ErrorCode.WRONG_ROUTE,
+                f"{tool.name} runs in the client, not on the server",
+                Outcome.WRONG_ROUTE,
+            )
             return False
         violations = self.catalog.validators[tool.name].validate(call.params)
         if violations:
-            wire = [m.Violation(pointer=v.pointer, message=v.message, keyword=v.keyword) for v in violations]
-            self._error(call, ErrorCode.INVALID_PARAMS, f"{len(wire)} parameter problem(s)", Outcome.INVALID_PARAMS, violations=wire)
+            wire = [
+                m.Violation(pointer=v.pointer, message=v.message, keyword=v.keyword)
+                for v in violations
+            ]
+            self._error(
+                call,
+                ErrorCode.INVALID_PARAMS,
+                f"{len(wire)} parameter problem(s)",
+                Outcome.INVALID_PARAMS,
+                violations=wire,
+            )
             return False
         return True
 
@@ -262,23 +302,36 @@ class Pipeline:
             session.emit(m.ToolStart, call_id=call.call_id, tool=tool.name, params=call.params)
             return True
         if len(session.pending_approvals) >= self.limits.max_pending_approvals:
-            self._error(call, ErrorCode.TOO_MANY_PENDING_APPROVALS, "too many approvals pending", Outcome.CANCELLED)
+            self._error(
+                call,
+                ErrorCode.TOO_MANY_PENDING_APPROVALS,
+                "too many approvals pending",
+                Outcome.CANCELLED,
+            )
             return False
         # SPEC A2: registered before tool_start is emitted, so an instant answer is kept.
-        approval = self.approvals.open(session.id, session.user, call.call_id, tool.name, call.params)
+        approval = self.approvals.open(
+            session.id, session.user, call.call_id, tool.name, call.params
+        )
         session.pending_approvals.add(approval.approval_id)
         note = encode_json({"tool": tool.name, "approval_id": approval.approval_id})
         session.store.stage_call(session.id, call.call_id, "running", note)
         self.metrics.pending_approvals.inc()
         session.emit(
-            m.ToolStart, call_id=call.call_id, tool=tool.name, params=call.params,
-            approval_id=approval.approval_id, expires_at=approval.expires_at,
+            m.ToolStart,
+            call_id=call.call_id,
+            tool=tool.name,
+            params=call.params,
+            approval_id=approval.approval_id,
+            expires_at=approval.expires_at,
         )
         try:
             # F01: waiting decides nothing; only Approvals.settle does.
             outcome = await approval.wait()
         except asyncio.CancelledError:
-            self.approvals.settle(approval.approval_id, m.Resolution.DENIED, m.ResolutionReason.CANCELLED)
+            self.approvals.settle(
+                approval.approval_id, m.Resolution.DENIED, m.ResolutionReason.CANCELLED
+            )
             assert approval.outcome is not None
             self._resolved(call, approval.approval_id, tool, approval.outcome)
             raise
@@ -297,19 +350,31 @@ class Pipeline:
         session.pending_approvals.discard(approval_id)
         self.metrics.pending_approvals.dec()
         call.approval = {
-            "approval_id": approval_id, "resolution": outcome.resolution.value,
-            "reason": outcome.reason.value, "always": outcome.always, "at": outcome.at,
+            "approval_id": approval_id,
+            "resolution": outcome.resolution.value,
+            "reason": outcome.reason.value,
+            "always": outcome.always,
+            "at": outcome.at,
             "by": session.user if outcome.reason is m.ResolutionReason.USER else "server",
         }
         session.emit(
-            m.ToolResolved, call_id=call.call_id, approval_id=approval_id, tool=tool.name,
-            resolution=outcome.resolution, reason=outcome.reason, always=outcome.always,
+            m.ToolResolved,
+            call_id=call.call_id,
+            approval_id=approval_id,
+            tool=tool.name,
+            resolution=outcome.resolution,
+            reason=outcome.reason,
+            always=outcome.always,
         )
 
     def _declined(self, call: Call, tool: ToolDef, reason: m.ResolutionReason) -> None:
         """SPEC A5: a declined call completes normally, telling the model the user said no."""
         result = {"declined": True, "reason": reason.value, "message": self.calls.declined_message}
-        outcome = Outcome.APPROVAL_TIMEOUT if reason is m.ResolutionReason.TIMEOUT else Outcome.REJECTED_BY_USER
+        outcome = (
+            Outcome.APPROVAL_TIMEOUT
+            if reason is m.ResolutionReason.TIMEOUT
+            else Outcome.REJECTED_BY_USER
+        )
         self._finish(call, outcome, m.Result, result=result, declined=True)
 
     def _dispatch(self, call: Call, tool: ToolDef, ctx: ToolContext, info: CallInfo) -> None:
@@ -326,11 +391,17 @@ class Pipeline:
         if tool is None or not tool.idempotent or tool.func is None or tool.mode is Mode.CLIENT:
             return None
         ctx = ToolContext(
-            session_id=row.session_id, user=row.user, profile=row.profile,
-            context=dict(row.context), call_id=row.call_id or "", tool=tool.name,
+            session_id=row.session_id,
+            user=row.user,
+            profile=row.profile,
+            context=dict(row.context),
+            call_id=row.call_id or "",
+            tool=tool.name,
             data_dir=self.data_dir,
         )
-        info = CallInfo(row.session_id, row.user, row.profile, ctx.call_id, tool, row.params, ctx.context)
+        info = CallInfo(
+            row.session_id, row.user, row.profile, ctx.call_id, tool, row.params, ctx.context
+        )
         return tool, ctx, self._post(info)
 
     def _post(self, info: CallInfo) -> PostProcess:
@@ -339,7 +410,9 @@ class Pipeline:
 
         return post
 
-    async def _execute_sync(self, call: Call, tool: ToolDef, ctx: ToolContext, info: CallInfo) -> None:
+    async def _execute_sync(
+        self, call: Call, tool: ToolDef, ctx: ToolContext, info: CallInfo
+    ) -> None:
         """SPEC I8, I14: run with the run timeout; promote past the soft deadline."""
         assert tool.func is not None
         limit = self._run_timeout(tool)
@@ -360,11 +433,18 @@ class Pipeline:
                     return
                 value = work.result()
         except TimeoutError:
-            self._error(call, ErrorCode.TIMEOUT, f"{tool.name} did not finish within {limit} s", Outcome.TIMEOUT)
+            self._error(
+                call,
+                ErrorCode.TIMEOUT,
+                f"{tool.name} did not finish within {limit} s",
+                Outcome.TIMEOUT,
+            )
             return
         except Exception as exc:
             logger.info("handler %s raised %s", tool.name, type(exc).__name__, exc_info=True)
-            self._error(call, ErrorCode.HANDLER_ERROR, f"{type(exc).__name__}: {exc}", Outcome.HANDLER_ERROR)
+            self._error(
+                call, ErrorCode.HANDLER_ERROR, f"{type(exc).__name__}: {exc}", Outcome.HANDLER_ERROR
+            )
             return
         result, replaced = await run_post(self.post_hooks, info, as_object(value))
         self._finish(call, Outcome.OK, m.Result, result=result, replaced=replaced)
@@ -375,20 +455,33 @@ class Pipeline:
         limit = self.calls.default_timeout if tool.timeout is None else tool.timeout
         return limit or None
 
-    async def _timed(self, func: Any, params: dict[str, Any], ctx: ToolContext, limit: float | None) -> Any:
+    async def _timed(
+        self, func: Any, params: dict[str, Any], ctx: ToolContext, limit: float | None
+    ) -> Any:
         async with asyncio.timeout(limit):
             return await run_handler(func, params, ctx, self.pool)
 
-    def _promote(self, call: Call, tool: ToolDef, ctx: ToolContext, info: CallInfo, work: asyncio.Future[Any]) -> None:
+    def _promote(
+        self, call: Call, tool: ToolDef, ctx: ToolContext, info: CallInfo, work: asyncio.Future[Any]
+    ) -> None:
         """SPEC I14: the running call becomes a job; the client hears ``dispatched`` now."""
-        job_id = self.jobs.submit(call.session, tool, call.params, ctx, self._post(info), adopt=work)
+        job_id = self.jobs.submit(
+            call.session, tool, call.params, ctx, self._post(info), adopt=work
+        )
         call.job_id = job_id
-        message = tool.dispatch_message or f"{tool.name} is taking a while; I'll report back when it's done."
-        self._finish(call, Outcome.PROMOTED, m.Dispatched, job_id=job_id, message=message, promoted=True)
+        message = (
+            tool.dispatch_message
+            or f"{tool.name} is taking a while; I'll report back when it's done."
+        )
+        self._finish(
+            call, Outcome.PROMOTED, m.Dispatched, job_id=job_id, message=message, promoted=True
+        )
 
     # -- the one exit --------------------------------------------------------------------
 
-    def _error(self, call: Call, code: ErrorCode, message: str, outcome: Outcome, **fields: Any) -> None:
+    def _error(
+        self, call: Call, code: ErrorCode, message: str, outcome: Outcome, **fields: Any
+    ) -> None:
         self._finish(call, outcome, m.CallError, code=code, message=message, **fields)
 
     def _finish(self, call: Call, outcome: Outcome, cls: type[Any], **fields: Any) -> None:
@@ -401,12 +494,20 @@ class Pipeline:
         if not session.ended:
             session.store.stage_call(session.id, call.call_id, "done", body)
         elapsed = time.perf_counter() - call.started
-        self.metrics.invocation(outcome.value, call.tool.mode.value if call.tool else "none", elapsed)
+        self.metrics.invocation(
+            outcome.value, call.tool.mode.value if call.tool else "none", elapsed
+        )
         sensitive = call.tool.sensitive if call.tool else ()
         audit.record(
-            tool=call.tool_name, outcome=outcome.value, profile=session.profile.name,
-            user=session.user, session=session.id, call_id=call.call_id,
+            tool=call.tool_name,
+            outcome=outcome.value,
+            profile=session.profile.name,
+            user=session.user,
+            session=session.id,
+            call_id=call.call_id,
             duration_ms=round(elapsed * 1000, 3),
             params=audit.redact(call.params, sensitive, self.calls.audit_param_bytes),
-            approval=call.approval, job_id=call.job_id, code=fields.get("code"),
+            approval=call.approval,
+            job_id=call.job_id,
+            code=fields.get("code"),
         )

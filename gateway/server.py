@@ -50,9 +50,15 @@ from protocol.version import SUPPORTED, negotiate, refusal_reason
 logger = logging.getLogger("gateway.server")
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
-_STATIC_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
-                 ".css": "text/css; charset=utf-8", ".png": "image/png"}
-_CREDENTIAL_PARAMS = frozenset({"token", "access_token", "jwt", "auth", "authorization", "resume_token"})
+_STATIC_TYPES = {
+    ".html": "text/html; charset=utf-8",
+    ".js": "text/javascript; charset=utf-8",
+    ".css": "text/css; charset=utf-8",
+    ".png": "image/png",
+}
+_CREDENTIAL_PARAMS = frozenset(
+    {"token", "access_token", "jwt", "auth", "authorization", "resume_token"}
+)
 
 
 class _QuietWebsocketsLogger(logging.LoggerAdapter[logging.Logger]):
@@ -76,13 +82,22 @@ def build_authenticator(settings: Settings) -> Authenticator:
         chain.append(TokenFileAuthenticator(auth.token_file))
     if auth.jwt_secret or auth.jwt_public_key_file:
         key = auth.jwt_public_key_file.read_text() if auth.jwt_public_key_file else None
-        chain.append(JwtAuthenticator(auth.jwt_secret, key, auth.jwt_audience, auth.jwt_issuer, auth.jwt_profiles_claim))
+        chain.append(
+            JwtAuthenticator(
+                auth.jwt_secret, key, auth.jwt_audience, auth.jwt_issuer, auth.jwt_profiles_claim
+            )
+        )
     return ChainAuthenticator(chain)
 
 
 def _response(status: http.HTTPStatus, body: bytes, content_type: str) -> Response:
-    headers = Headers([("Content-Type", content_type), ("Content-Length", str(len(body))),
-                       ("Cache-Control", "no-store")])
+    headers = Headers(
+        [
+            ("Content-Type", content_type),
+            ("Content-Length", str(len(body))),
+            ("Cache-Control", "no-store"),
+        ]
+    )
     return Response(status.value, status.phrase, headers, body)
 
 
@@ -95,7 +110,12 @@ class Gateway:
         store: overrides the SQLite store at ``data_dir/toolbus.db``.
     """
 
-    def __init__(self, settings: Settings, authenticator: Authenticator | None = None, store: Store | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        authenticator: Authenticator | None = None,
+        store: Store | None = None,
+    ) -> None:
         self.settings = settings
         self.clock = time.time
         self.metrics = Metrics()
@@ -115,12 +135,15 @@ class Gateway:
             max_unacked_events=settings.sessions.max_unacked_events,
         )
         self.bucket = bucket_factory(settings.limits.invoke_rate, settings.limits.invoke_burst)
-        self.pool = ThreadPoolExecutor(settings.calls.worker_threads, thread_name_prefix="toolbus-handler")
+        self.pool = ThreadPoolExecutor(
+            settings.calls.worker_threads, thread_name_prefix="toolbus-handler"
+        )
         self.pre_hooks = [hooks.resolve(p) for p in settings.calls.pre_hooks]
         self.post_hooks = [hooks.resolve(p) for p in settings.calls.post_hooks]
         self.server: Server | None = None
         self.port = 0
         self.ready = False
+        self._drained = False
         self._tasks: list[asyncio.Task[None]] = []
 
     # -- wiring that needs a running loop ----------------------------------------------
@@ -128,14 +151,26 @@ class Gateway:
     def _wire(self) -> None:
         self.outbox = Outbox(self.store)
         self.sessions = SessionTable(
-            self.store, self.outbox, self.settings.sessions.resume_window,
-            self.settings.sessions.max_unacked_events, self._on_session_end,
+            self.store,
+            self.outbox,
+            self.settings.sessions.resume_window,
+            self.settings.sessions.max_unacked_events,
+            self._on_session_end,
         )
         self.approvals = Approvals(self.settings.calls.approval_timeout, self.clock)
         self.jobs = JobRunner(self.store, self.settings.jobs, self.metrics, self.pool, self.clock)
         self.pipeline = Pipeline(
-            self.catalog, self.approvals, self.jobs, self.settings.calls, self.settings.limits,
-            self.pre_hooks, self.post_hooks, self.metrics, self.pool, self.settings.data_dir, self.clock,
+            self.catalog,
+            self.approvals,
+            self.jobs,
+            self.settings.calls,
+            self.settings.limits,
+            self.pre_hooks,
+            self.post_hooks,
+            self.metrics,
+            self.pool,
+            self.settings.data_dir,
+            self.clock,
         )
 
     def _on_session_end(self, session: Session) -> None:
@@ -152,7 +187,9 @@ class Gateway:
             if row.expires_at is not None and row.expires_at < now:
                 self.store.delete_session(row.session_id)
                 continue
-            session = self.sessions.adopt(row, self.catalog.current.profile(row.profile), self.bucket())
+            session = self.sessions.adopt(
+                row, self.catalog.current.profile(row.profile), self.bucket()
+            )
             session.catalog_names = self.catalog.view(session)[2]
             session.link = None
             expires = row.expires_at if row.expires_at is not None else now + window
@@ -160,13 +197,17 @@ class Gateway:
             # park() needs a link to detach; a restarted session has none, so set the timer here.
             session.expires_at = expires
             session.save()
-            session._expiry = asyncio.get_running_loop().call_later(max(0.0, expires - now), self.sessions.end, session)
+            session._expiry = asyncio.get_running_loop().call_later(
+                max(0.0, expires - now), self.sessions.end, session
+            )
         for session_id, call_id, note in self.store.running_calls():
             self._interrupt_call(session_id, call_id, decode_json(note) if note else {})
         count = self.jobs.recover(self.sessions.sessions, self.pipeline.rerun_plan)
         self.store.commit()
         if self.sessions.sessions or count:
-            logger.info("recovered %d sessions, %d interrupted jobs", len(self.sessions.sessions), count)
+            logger.info(
+                "recovered %d sessions, %d interrupted jobs", len(self.sessions.sessions), count
+            )
 
     def _interrupt_call(self, session_id: str, call_id: str, note: dict[str, str]) -> None:
         """A call a restart cut off ends ``cancelled`` (SPEC I12: one terminal reply); a
@@ -177,10 +218,21 @@ class Gateway:
         tool = note.get("tool", "")
         approval_id = note.get("approval_id")
         if approval_id:
-            session.emit(m.ToolResolved, call_id=call_id, approval_id=approval_id, tool=tool,
-                         resolution=m.Resolution.DENIED, reason=m.ResolutionReason.DISCONNECTED)
-        body = session.emit(m.CallError, call_id=call_id, tool=tool, code=ErrorCode.CANCELLED,
-                            message="the server restarted while this call ran")
+            session.emit(
+                m.ToolResolved,
+                call_id=call_id,
+                approval_id=approval_id,
+                tool=tool,
+                resolution=m.Resolution.DENIED,
+                reason=m.ResolutionReason.DISCONNECTED,
+            )
+        body = session.emit(
+            m.CallError,
+            call_id=call_id,
+            tool=tool,
+            code=ErrorCode.CANCELLED,
+            message="the server restarted while this call ran",
+        )
         session.done_calls.add(call_id)
         self.store.stage_call(session_id, call_id, "done", body)
 
@@ -212,9 +264,14 @@ class Gateway:
         self.port = self.server.sockets[0].getsockname()[1] if self.server.sockets else cfg.port
         loop = asyncio.get_running_loop()
         if self.settings.catalog.hot_reload:
-            self._tasks.append(loop.create_task(
-                self.catalog.watch(self.settings.catalog.reload_interval, lambda: self.sessions.sessions.values())
-            ))
+            self._tasks.append(
+                loop.create_task(
+                    self.catalog.watch(
+                        self.settings.catalog.reload_interval,
+                        lambda: self.sessions.sessions.values(),
+                    )
+                )
+            )
         self._tasks.append(loop.create_task(self._purge_loop()))
         self.ready = True
         logger.info("listening on ws://%s:%d/", cfg.host, self.port)
@@ -229,15 +286,19 @@ class Gateway:
             self.store.purge(self.clock(), self.settings.jobs.retention)
 
     async def drain(self) -> None:
-        """Graceful stop (SPEC S4): ``reconnect`` + 1012 to every socket, state durable."""
+        """Graceful stop (SPEC S4): ``reconnect`` + 1012 to every socket, state durable.
+        Calling it again, or before :meth:`start`, does nothing."""
         self.ready = False
-        if self.server is None:
+        if self.server is None or self._drained:
             return
+        self._drained = True
         self.server.close(close_connections=False)
         for task in self._tasks:
             task.cancel()
         await self.jobs.shutdown()
-        hint = m.Reconnect(reason="server restart", retry_after=self.settings.server.drain_retry_after)
+        hint = m.Reconnect(
+            reason="server restart", retry_after=self.settings.server.drain_retry_after
+        )
         closing = []
         for session in list(self.sessions.sessions.values()):
             if session.link is not None:
@@ -252,6 +313,12 @@ class Gateway:
         await self.server.wait_closed()
         self.outbox.close()
         self.store.close()
+        # Calls still in flight stay "running" in the store: the next start reports them
+        # (SPEC I12, A4). Their tasks end here, with nothing left to write to.
+        calls = [t for s in self.sessions.sessions.values() for t in s.inflight.values()]
+        for task in calls:
+            task.cancel()
+        await asyncio.gather(*calls, return_exceptions=True)
         self.pool.shutdown(wait=False, cancel_futures=True)
 
     async def __aenter__(self) -> Gateway:
@@ -278,12 +345,20 @@ class Gateway:
         if not is_upgrade:
             return self._http(url.path)
         if _CREDENTIAL_PARAMS & {k.lower() for k in parse_qs(url.query)}:
-            return connection.respond(http.HTTPStatus.BAD_REQUEST, "credentials are not accepted in the URL; send them in hello or the Authorization header\n")
+            return connection.respond(
+                http.HTTPStatus.BAD_REQUEST,
+                "credentials are not accepted in the URL; "
+                "send them in hello or the Authorization header\n",
+            )
         origin = request.headers.get("Origin")
         if origin is not None and origin not in self._allowed_origins():
             logger.warning("refused upgrade from origin %s (SPEC S2)", origin)
             return connection.respond(http.HTTPStatus.FORBIDDEN, "origin not allowed\n")
-        offered = [p.strip() for h in request.headers.get_all("Sec-WebSocket-Protocol") for p in h.split(",")]
+        offered = [
+            p.strip()
+            for h in request.headers.get_all("Sec-WebSocket-Protocol")
+            for p in h.split(",")
+        ]
         if negotiate(offered) is None:
             return connection.respond(http.HTTPStatus.BAD_REQUEST, refusal_reason(offered) + "\n")
         return None
@@ -294,10 +369,16 @@ class Gateway:
             return _response(http.HTTPStatus.OK, b"ok\n", "text/plain; charset=utf-8")
         if path == "/readyz":
             status = http.HTTPStatus.OK if self.ready else http.HTTPStatus.SERVICE_UNAVAILABLE
-            return _response(status, b"ready\n" if self.ready else b"draining\n", "text/plain; charset=utf-8")
+            return _response(
+                status, b"ready\n" if self.ready else b"draining\n", "text/plain; charset=utf-8"
+            )
         if path == "/metrics":
             self._update_gauges()
-            return _response(http.HTTPStatus.OK, self.metrics.render(), "text/plain; version=0.0.4; charset=utf-8")
+            return _response(
+                http.HTTPStatus.OK,
+                self.metrics.render(),
+                "text/plain; version=0.0.4; charset=utf-8",
+            )
         return self._static(path)
 
     def _update_gauges(self) -> None:
@@ -308,7 +389,7 @@ class Gateway:
     def _static(self, path: str) -> Response:
         name = "index.html" if path in ("/", "") else path.lstrip("/")
         if name.startswith("static/"):
-            name = name[len("static/"):]
+            name = name[len("static/") :]
         target = (STATIC_DIR / name).resolve()
         if STATIC_DIR.resolve() not in target.parents or not target.is_file():
             return _response(http.HTTPStatus.NOT_FOUND, b"not found\n", "text/plain; charset=utf-8")

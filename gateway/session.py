@@ -256,7 +256,9 @@ class SessionTable:
             session.save()
         return old
 
-    def park(self, session: Session, link: Link, now_wall: float, delay: float | None = None) -> None:
+    def park(
+        self, session: Session, link: Link, now_wall: float, delay: float | None = None
+    ) -> None:
         """Detach ``link`` (if still current) and start the resume window (SPEC D2)."""
         if session.link is not link or session.ended:
             return

@@ -156,8 +156,7 @@ CREATE INDEX IF NOT EXISTS jobs_by_user ON jobs (user, created_at);
 # in the log, so the true last seq is the larger of the two. This keeps emit() to a
 # single staged insert.
 _SELECT_SESSIONS = (
-    "SELECT s.*, (SELECT MAX(seq) FROM events e WHERE e.session_id = s.session_id) "
-    "FROM sessions s"
+    "SELECT s.*, (SELECT MAX(seq) FROM events e WHERE e.session_id = s.session_id) FROM sessions s"
 )
 
 
@@ -234,7 +233,9 @@ class SqliteStore:
             if self._events:
                 db.executemany("INSERT OR REPLACE INTO events VALUES (?,?,?)", self._events)
             if self._calls:
-                db.executemany("INSERT OR REPLACE INTO calls VALUES (?,?,?,?)", self._calls.values())
+                db.executemany(
+                    "INSERT OR REPLACE INTO calls VALUES (?,?,?,?)", self._calls.values()
+                )
             if self._seqs:
                 self._commit_seqs(db)
             if self._jobs:

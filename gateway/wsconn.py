@@ -9,6 +9,8 @@ own, including the half-close on an empty chunk (RFC 6455 section 7.1.1).
 
 from __future__ import annotations
 
+import contextlib
+
 from websockets.asyncio.server import ServerConnection
 
 
@@ -24,10 +26,9 @@ class CoalescingConnection(ServerConnection):
             self._write(pending)
             pending = []
             if self.transport.can_write_eof():
-                try:
+                # websockets does the same: a half-close is best effort.
+                with contextlib.suppress(Exception):
                     self.transport.write_eof()
-                except Exception:  # noqa: BLE001  (websockets does the same: best effort)
-                    pass
             else:
                 self.transport.close()
         self._write(pending)

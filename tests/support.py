@@ -46,7 +46,11 @@ def settings_for(tmp: Path, **sections: Any) -> Settings:
         "data_dir": tmp / "data",
         "server": {"port": 0, "heartbeat_interval": 0},
         "auth": {"token_file": write_token_file(tmp)},
-        "catalog": {"tools": [DEMO_DIR / "tools.yaml"], "profiles": [DEMO_DIR / "profiles.yaml"], "hot_reload": False},
+        "catalog": {
+            "tools": [DEMO_DIR / "tools.yaml"],
+            "profiles": [DEMO_DIR / "profiles.yaml"],
+            "hot_reload": False,
+        },
     }
     for key, value in sections.items():
         if isinstance(value, dict) and isinstance(overrides.get(key), dict):
@@ -96,12 +100,16 @@ class Peer:
                 if message["type"] == type_ and all(message.get(k) == v for k, v in fields.items()):
                     return message
 
-    async def hello(self, token: str = "alice-token", profile: str | None = "demo", **fields: Any) -> dict[str, Any]:
+    async def hello(
+        self, token: str = "alice-token", profile: str | None = "demo", **fields: Any
+    ) -> dict[str, Any]:
         await self.send({"type": "hello", "token": token, "profile": profile, **fields})
         self.welcome = await self.expect("welcome")
         return self.welcome
 
-    async def invoke(self, call_id: str, tool: str, params: dict[str, Any] | None = None, **fields: Any) -> None:
+    async def invoke(
+        self, call_id: str, tool: str, params: dict[str, Any] | None = None, **fields: Any
+    ) -> None:
         message: dict[str, Any] = {"type": "invoke", "call_id": call_id, "tool": tool, **fields}
         if params is not None:
             message["params"] = params
@@ -112,15 +120,23 @@ class Peer:
         async with asyncio.timeout(WAIT):
             while True:
                 message = await self.recv()
-                if message.get("call_id") == call_id and message["type"] in ("result", "dispatched", "call.error"):
+                if message.get("call_id") == call_id and message["type"] in (
+                    "result",
+                    "dispatched",
+                    "call.error",
+                ):
                     return message
 
 
 @asynccontextmanager
-async def peer(gateway: Gateway, *, hello: bool = True, origin: str | None = None, **hello_fields: Any) -> AsyncIterator[Peer]:
+async def peer(
+    gateway: Gateway, *, hello: bool = True, origin: str | None = None, **hello_fields: Any
+) -> AsyncIterator[Peer]:
     """Connect a :class:`Peer` to ``gateway`` (and say hello unless told not to)."""
     headers = {"Origin": origin} if origin else None
-    async with connect(gateway.url, subprotocols=["toolbus.v1"], additional_headers=headers, max_size=None) as ws:  # type: ignore[list-item]
+    async with connect(
+        gateway.url, subprotocols=["toolbus.v1"], additional_headers=headers, max_size=None
+    ) as ws:  # type: ignore[list-item]
         p = Peer(ws)
         if hello:
             await p.hello(**hello_fields)

@@ -33,17 +33,25 @@ async def test_profile_change_pushes_catalog(tmp_path: Path, catalog_dir: Path) 
     """SPEC C3: a profile edit on disk pushes a new catalog (reason reload); the removed tool
     then fails exactly like an unknown tool."""
     profiles = catalog_dir / "profiles.yaml"
-    settings = settings_for(tmp_path, catalog={
-        "tools": [catalog_dir / "tools.yaml"], "profiles": [profiles],
-        "hot_reload": True, "reload_interval": 10 * MS,
-    })
+    settings = settings_for(
+        tmp_path,
+        catalog={
+            "tools": [catalog_dir / "tools.yaml"],
+            "profiles": [profiles],
+            "hot_reload": True,
+            "reload_interval": 10 * MS,
+        },
+    )
     async with running(settings) as gw, peer(gw, profile="readonly") as p:
         first = await p.expect("catalog")
         assert "convert_units" in {t["name"] for t in first["tools"]}
-        _bump(profiles, profiles.read_text().replace(
-            "  readonly:\n    capabilities: [notes.read, time, units]",
-            "  readonly:\n    capabilities: [notes.read, time]",
-        ))
+        _bump(
+            profiles,
+            profiles.read_text().replace(
+                "  readonly:\n    capabilities: [notes.read, time, units]",
+                "  readonly:\n    capabilities: [notes.read, time]",
+            ),
+        )
         pushed = await p.expect("catalog", reason="reload")
         assert "convert_units" not in {t["name"] for t in pushed["tools"]}
         assert pushed["version"] != first["version"]
@@ -57,17 +65,26 @@ async def test_broken_reload_keeps_catalog(
 ) -> None:
     """SPEC C1/C3: a file that no longer loads is logged with its issues; the old catalog stays."""
     tools = catalog_dir / "tools.yaml"
-    settings = settings_for(tmp_path, catalog={
-        "tools": [tools], "profiles": [catalog_dir / "profiles.yaml"], "hot_reload": False,
-    })
+    settings = settings_for(
+        tmp_path,
+        catalog={
+            "tools": [tools],
+            "profiles": [catalog_dir / "profiles.yaml"],
+            "hot_reload": False,
+        },
+    )
     async with running(settings) as gw, peer(gw) as p:
         before = await p.expect("catalog")
         names = set(gw.catalog.current.tools)
         _bump(tools, tools.read_text() + "\n  - name: broken\n    description: no handler\n")
         with caplog.at_level(logging.ERROR, logger="gateway.catalog"):
             assert gw.catalog.reload() is False
-        failure = [r.getMessage() for r in caplog.records if "catalog reload failed" in r.getMessage()]
-        assert len(failure) == 1 and "broken" in failure[0] and str(tools) in failure[0]
+        failure = [
+            r.getMessage() for r in caplog.records if "catalog reload failed" in r.getMessage()
+        ]
+        assert len(failure) == 1
+        assert "broken" in failure[0]
+        assert str(tools) in failure[0]
         assert set(gw.catalog.current.tools) == names
         await p.send({"type": "catalog.get", "id": "q", "version": before["version"]})
         reply = await p.expect("catalog.not_modified", id="q")

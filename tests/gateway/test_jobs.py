@@ -129,13 +129,15 @@ async def test_j3_only_own_jobs_are_visible(tmp_path: Path) -> None:
         assert await job_list(alice, "a1") == [job_id]
         assert await job_list(alice, "a2", "done") == []
         await alice.send({"type": "job.cancel", "id": "a3", "job_id": job_id})
-        assert (await alice.expect("job", id="a3"))["job"]["job_id"] == job_id
         cancelled = await alice.expect("job.cancelled", job_id=job_id)
         assert (cancelled["summary"], cancelled["call_id"], cancelled["ok"]) == (
             "hold_job was cancelled",
             "c1",
             False,
         )
+        # The reply follows the event and shows the stored final state.
+        reply = await alice.expect("job", id="a3")
+        assert (reply["job"]["job_id"], reply["job"]["state"]) == (job_id, "cancelled")
         await alice.send({"type": "job.cancel", "id": "a4", "job_id": job_id})
         assert (await alice.expect("error", id="a4"))["code"] == "job_finished"
         assert await job_list(alice, "a5", "cancelled") == [job_id]
@@ -210,8 +212,8 @@ async def test_case_f11_cancelled_job_late_result_dropped(tmp_path: Path) -> Non
         job_id = (await p.terminal("c1"))["job_id"]
         await wait_thread_event(tt.STATE.started)
         await p.send({"type": "job.cancel", "id": "x1", "job_id": job_id})
-        await p.expect("job", id="x1")
         cancelled = await p.expect("job.cancelled", job_id=job_id)
+        assert (await p.expect("job", id="x1"))["job"]["state"] == "cancelled"
         tt.STATE.release.set()
         await wait_thread_event(tt.STATE.returned)
         assert tt.STATE.cancelled_seen.is_set()

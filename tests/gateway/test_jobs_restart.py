@@ -45,9 +45,14 @@ async def test_restart_reruns_idempotent_and_fails_the_rest(tmp_path: Path) -> N
     (tmp_path / "tools.yaml").write_text(TOOLS)
     (tmp_path / "profiles.yaml").write_text(PROFILES)
     RUNS.clear()
-    settings = settings_for(tmp_path, catalog={
-        "tools": [tmp_path / "tools.yaml"], "profiles": [tmp_path / "profiles.yaml"], "hot_reload": False,
-    })
+    settings = settings_for(
+        tmp_path,
+        catalog={
+            "tools": [tmp_path / "tools.yaml"],
+            "profiles": [tmp_path / "profiles.yaml"],
+            "hot_reload": False,
+        },
+    )
     RELEASE = asyncio.Event()
     async with running(settings) as gw, peer(gw) as p:
         await p.invoke("a", "rerunnable", {"n": 1})
@@ -59,12 +64,19 @@ async def test_restart_reruns_idempotent_and_fails_the_rest(tmp_path: Path) -> N
         assert sorted(RUNS) == [("once_only", 2), ("rerunnable", 1)]
     RELEASE = asyncio.Event()
     RELEASE.set()
-    async with running(settings) as gw, peer(gw, session_id=session, resume_token=token, last_seq=last) as q:
+    async with (
+        running(settings) as gw,
+        peer(gw, session_id=session, resume_token=token, last_seq=last) as q,
+    ):
         assert q.welcome["resumed"] is True
         gone = await q.expect("job.failed", job_id=failed["job_id"])
-        assert gone["error"] == {"code": "interrupted", "message": "the server restarted while this job ran"}
+        assert gone["error"] == {
+            "code": "interrupted",
+            "message": "the server restarted while this job ran",
+        }
         done = await q.expect("job.done", job_id=again)
         assert (done["summary"], done["result"]) == ("rerunnable 1 done", {"n": 1})
-        assert RUNS.count(("rerunnable", 1)) == 2 and RUNS.count(("once_only", 2)) == 1
+        assert RUNS.count(("rerunnable", 1)) == 2
+        assert RUNS.count(("once_only", 2)) == 1
         await q.send({"type": "job.get", "id": "g", "job_id": again})
         assert (await q.expect("job", id="g"))["job"]["state"] == "done"

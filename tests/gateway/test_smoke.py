@@ -12,10 +12,13 @@ async def test_hello_catalog_and_sync_invoke(gateway: Gateway) -> None:
         assert p.welcome["protocol"] == "toolbus.v1"
         assert p.welcome["resumed"] is False
         catalog = await p.expect("catalog")
-        assert catalog["seq"] == 1 and catalog["reason"] == "initial"
+        assert catalog["seq"] == 1
+        assert catalog["reason"] == "initial"
         await p.invoke("c1", "convert_units", {"value": 1, "from_unit": "km", "to_unit": "m"})
         start = await p.expect("tool_start", call_id="c1")
-        assert start["seq"] == 2 and "approval_id" not in start
+        assert start["seq"] == 2
+        assert "approval_id" not in start
         result = await p.terminal("c1")
-        assert result["type"] == "result" and result["seq"] == 3
+        assert result["type"] == "result"
+        assert result["seq"] == 3
         assert result["result"]["result"] == 1000.0

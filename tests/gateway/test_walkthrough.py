@@ -20,7 +20,11 @@ async def test_walkthrough(gateway: Gateway) -> None:
     -> drop -> resume -> replay, with exact seq numbers (SPEC S1, C3, I8, A2-A6, I9, J4, D1, D3)."""
     async with peer(gateway) as p:
         welcome = p.welcome
-        assert (welcome["type"], welcome["protocol"], welcome["resumed"]) == ("welcome", "toolbus.v1", False)
+        assert (welcome["type"], welcome["protocol"], welcome["resumed"]) == (
+            "welcome",
+            "toolbus.v1",
+            False,
+        )
         catalog = await p.expect("catalog")
         assert catalog["seq"] == 1
         names = {t["name"] for t in catalog["tools"]}
@@ -36,14 +40,28 @@ async def test_walkthrough(gateway: Gateway) -> None:
         note_id = created["result"]["note_id"]
         await p.invoke("c3", "notes_delete", {"note_id": note_id})
         start = await p.expect("tool_start", call_id="c3")
-        assert start["approval_id"].startswith("ap_") and start["expires_at"] > 0
-        await p.send({"type": "tool.confirm", "id": "r1", "approval_id": start["approval_id"], "decision": "allow"})
+        assert start["approval_id"].startswith("ap_")
+        assert start["expires_at"] > 0
+        await p.send(
+            {
+                "type": "tool.confirm",
+                "id": "r1",
+                "approval_id": start["approval_id"],
+                "decision": "allow",
+            }
+        )
         confirm = await p.expect("confirm.result", id="r1")
-        assert confirm == {"type": "confirm.result", "id": "r1", "approval_id": start["approval_id"], "accepted": True}
+        assert confirm == {
+            "type": "confirm.result",
+            "id": "r1",
+            "approval_id": start["approval_id"],
+            "accepted": True,
+        }
         resolved = await p.expect("tool.resolved", call_id="c3")
         assert (resolved["resolution"], resolved["reason"]) == ("allowed", "user")
         deleted = await p.terminal("c3")
-        assert deleted["type"] == "result" and deleted["declined"] is False
+        assert deleted["type"] == "result"
+        assert deleted["declined"] is False
 
         await p.invoke("c4", "report", {"topic": "walk", "sections": 2})
         dispatched = await p.terminal("c4")
@@ -59,8 +77,11 @@ async def test_walkthrough(gateway: Gateway) -> None:
         # Drop the socket abruptly before the second job's completion is read.
         p.ws.transport.abort()
 
-    async with peer(gateway, session_id=session_id, resume_token=token, last_seq=second["seq"]) as q:
-        assert q.welcome["resumed"] is True and q.welcome["session_id"] == session_id
+    async with peer(
+        gateway, session_id=session_id, resume_token=token, last_seq=second["seq"]
+    ) as q:
+        assert q.welcome["resumed"] is True
+        assert q.welcome["session_id"] == session_id
         replayed = await q.expect("job.done", job_id=second["job_id"])
         assert replayed["seq"] > second["seq"]
         seqs = [m["seq"] for m in q.seen if "seq" in m]
