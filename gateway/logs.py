@@ -43,7 +43,30 @@ class JsonFormatter(logging.Formatter):
         return encode_json(payload).decode()
 
 
-def setup(level: str, json_logs: bool, audit_file: Path | None) -> None:
+class AuditWriter:
+    """The thread that formats and appends audit records to their file (SPEC I11, O3).
+
+    Args:
+        path: the audit file, opened for appending.
+        records: the queue the ``toolbus.audit`` logger's handler feeds.
+    """
+
+    def __init__(self, path: Path, records: queue.SimpleQueue[logging.LogRecord]) -> None:
+        self._file = logging.FileHandler(path, encoding="utf-8")
+        self._file.setFormatter(JsonFormatter())
+        self._listener = logging.handlers.QueueListener(records, self._file)
+        self._listener.start()
+        self._open = True
+
+    def close(self) -> None:
+        """Write what is queued, stop the thread, close the file. Idempotent."""
+        if self._open:
+            self._open = False
+            self._listener.stop()
+            self._file.close()
+
+
+def setup(level: str, json_logs: bool, audit_file: Path | None) -> AuditWriter | None:
     """Configure the root logger and the audit stream (SPEC O3).
 
     Args:
@@ -51,6 +74,10 @@ def setup(level: str, json_logs: bool, audit_file: Path | None) -> None:
         json_logs: JSON lines when true, plain text otherwise.
         audit_file: append audit records here as JSON lines; ``None`` sends them to
             stderr with the rest.
+
+    Returns:
+        The audit writer (closed at exit; ``close()`` flushes it), or ``None`` without
+        an audit file.
     """
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(
@@ -65,13 +92,12 @@ def setup(level: str, json_logs: bool, audit_file: Path | None) -> None:
     audit.setLevel(logging.INFO)
     if audit_file is not None:
         audit_file.parent.mkdir(parents=True, exist_ok=True)
-        file_handler = logging.FileHandler(audit_file, encoding="utf-8")
-        file_handler.setFormatter(JsonFormatter())
         # The invoke path only enqueues the record; a listener thread formats and writes
         # it, so file I/O never runs on the event loop (SPEC I11 on the hot path).
         records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
-        listener = logging.handlers.QueueListener(records, file_handler)
-        listener.start()
-        atexit.register(listener.stop)
+        writer = AuditWriter(audit_file, records)
+        atexit.register(writer.close)
         audit.handlers[:] = [logging.handlers.QueueHandler(records)]
         audit.propagate = False
+        return writer
+    return None
