@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
+from websockets.protocol import State
 
 from protocol.errors import CloseCode
 
@@ -78,6 +79,7 @@ class Link:
         self._queue: deque[bytes | Replay] = deque()
         self._queued_bytes = 0
         self._wakeup = asyncio.Event()
+        self._busy = False
         self._task = asyncio.get_running_loop().create_task(self._drain())
         self.closer: asyncio.Task[None] | None = None
         """The task sending the close :meth:`close` started; the connection handler awaits
@@ -87,12 +89,35 @@ class Link:
         """Queue one encoded text frame; never blocks. Dropped once the link is closed."""
         if self.closed:
             return
-        self._queue.append(data)
-        self._queued_bytes += len(data)
+        self.push_many([data])
+
+    def push_many(self, frames: list[bytes]) -> None:
+        """Queue encoded text frames in order; never blocks.
+
+        When nothing is queued or being written and the socket's buffer is empty, the
+        frames are written at once, in one write: the common case of a quick reply
+        then costs no extra turn of the event loop. Otherwise the writer task sends
+        them with flow control.
+        """
+        if self.closed or self._send_now(frames):
+            return
+        self._queue.extend(frames)
+        self._queued_bytes += sum(len(data) for data in frames)
         if self._queued_bytes > self.max_bytes:
             self._overflow()
             return
         self._wakeup.set()
+
+    def _send_now(self, frames: list[bytes]) -> bool:
+        ws = self.ws
+        if self._busy or self._queue or ws.protocol.state is not State.OPEN:
+            return False
+        if ws.transport.get_write_buffer_size():
+            return False
+        for data in frames:
+            ws.protocol.send_text(data)
+        ws.send_data()
+        return True
 
     def push_replay(self, replay: Replay) -> None:
         """Queue a replay of logged events (SPEC D3); frames pushed later follow it."""
@@ -188,8 +213,10 @@ class Link:
         queue = self._queue
         try:
             while True:
+                self._busy = False
                 await self._wakeup.wait()
                 self._wakeup.clear()
+                self._busy = True
                 while queue:
                     if not await self._send(queue.popleft()):
                         self.close(CloseCode.TRY_AGAIN_LATER, "replay history no longer available")
@@ -232,10 +259,13 @@ class Outbox:
             return
         self._store.commit()
         pending, self._pending = self._pending, []
+        batches: dict[Link, list[bytes]] = {}
         for recipient, data in pending:
             link = recipient.link
             if link is not None:
-                link.push(data)
+                batches.setdefault(link, []).append(data)
+        for link, frames in batches.items():
+            link.push_many(frames)
 
     def close(self) -> None:
         """Flush, then stop for good, before the store closes (SPEC S4 drain).
