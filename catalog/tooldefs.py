@@ -132,11 +132,26 @@ def check_schema(value: Any) -> dict[str, Any]:
         raise _Bad(f"is not a valid JSON Schema: {str(exc).splitlines()[0]}") from None
     if schema.get("type") != "object":
         raise _Bad(f"must have type: object at the root, not {schema.get('type')!r}")
+    _check_callable(schema)
     try:
         compiled(schema)
     except SchemaError as exc:
         raise _Bad(f"does not compile: {exc}") from None
     return schema
+
+
+def _check_callable(schema: Mapping[str, Any]) -> None:
+    """Refuse a root that no argument object can satisfy: a ``required`` name that
+    ``additionalProperties: false`` forbids, since it is not among ``properties``."""
+    if schema.get("additionalProperties") is not False:
+        return
+    declared = schema.get("properties", {})
+    missing = [name for name in schema.get("required", []) if name not in declared]
+    if missing:
+        raise _Bad(
+            f"requires {', '.join(map(repr, missing))} but does not declare it in properties "
+            "while additionalProperties is false: no call could ever be valid"
+        )
 
 
 _PARSERS: dict[str, Callable[[Any], Any]] = {

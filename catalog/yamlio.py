@@ -57,5 +57,10 @@ def read_yaml(path: Path) -> Any:
         raise YamlError(f"cannot read file: {exc}") from exc
     try:
         return yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass: safe types only
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        what = "; ".join(part for part in (exc.context, exc.problem) if part)
+        raise YamlError(f"invalid YAML: {where}{what}") from exc
     except yaml.YAMLError as exc:
         raise YamlError(f"invalid YAML: {exc}".replace("\n", " ")) from exc

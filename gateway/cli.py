@@ -34,6 +34,9 @@ FORMATS = ("wire", *EXPORTERS)
 
 
 def _settings(args: argparse.Namespace) -> Settings:
+    if args.config is not None:
+        # Handler modules kept next to the config file import without PYTHONPATH.
+        sys.path.insert(0, str(args.config.resolve().parent))
     overrides: dict[str, object] = {}
     server: dict[str, object] = {}
     if getattr(args, "host", None):

@@ -88,6 +88,9 @@ class LimitsConfig(_Section):
     """Live plus resumable sessions one user may hold (SPEC E2)."""
     max_pending_approvals: int = 16
     """Approvals awaiting a decision, per session (SPEC E2)."""
+    max_context_bytes: int = 16384
+    """Size of a session context as JSON (SPEC S5, E2); hello or context.update past it
+    is refused ``context_too_large``."""
 
 
 class CallsConfig(_Section):
@@ -166,7 +169,47 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return (init_settings, env_settings, YamlConfigSettingsSource(settings_cls))
+        return (init_settings, env_settings, _ConfigFile(settings_cls))
+
+
+_PATH_KEYS: tuple[tuple[str, ...], ...] = (
+    ("data_dir",),
+    ("auth", "token_file"),
+    ("auth", "jwt_public_key_file"),
+    ("catalog", "tools"),
+    ("catalog", "profiles"),
+    ("log", "audit_file"),
+)
+"""Keys holding paths; a relative one in the config file is relative to that file."""
+
+
+class _ConfigFile(YamlConfigSettingsSource):
+    """The YAML config file, with relative paths resolved against the file's folder, so
+    ``toolbus serve --config deploy/toolbus.yaml`` works from any working directory."""
+
+    def __call__(self) -> dict[str, Any]:
+        data = super().__call__()
+        raw = self.yaml_file_path
+        if not data or raw is None or not isinstance(raw, str | Path):
+            return data
+        base = Path(raw).resolve().parent
+        for keys in _PATH_KEYS:
+            section: Any = data
+            for key in keys[:-1]:
+                section = section.get(key) if isinstance(section, dict) else None
+            if isinstance(section, dict) and keys[-1] in section:
+                section[keys[-1]] = _anchor(section[keys[-1]], base)
+        return data
+
+
+def _anchor(value: Any, base: Path) -> Any:
+    if isinstance(value, list):
+        return [_anchor(item, base) for item in value]
+    if isinstance(value, str) and value and not Path(value).expanduser().is_absolute():
+        return str(base / value)
+    if isinstance(value, str):
+        return str(Path(value).expanduser())
+    return value
 
 
 def load_settings(path: Path | None = None, **overrides: Any) -> Settings:
@@ -211,7 +254,9 @@ def reference_markdown() -> str:
         "",
         "toolbus reads one YAML file (`toolbus serve --config FILE`), then environment",
         "variables `TOOLBUS_<SECTION>__<KEY>` override it (SPEC O4). Times are in seconds,",
-        "sizes in bytes. Example:",
+        "sizes in bytes. Relative paths in the file are relative to the file's folder;",
+        "relative paths from the environment or the command line are relative to the",
+        "working directory. Example:",
         "",
         "```yaml",
         "data_dir: /var/lib/toolbus",

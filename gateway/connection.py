@@ -23,7 +23,7 @@ from gateway.jobs import job_info
 from gateway.outbox import Link, Replay
 from gateway.session import Session, TokenBucket
 from protocol import messages as m
-from protocol.codec import encode
+from protocol.codec import encode, encode_json
 from protocol.errors import CloseCode, ErrorCode, ProtocolError, StateError, close_reason
 from protocol.session import Connection, Ignored
 from protocol.version import SUBPROTOCOL_V1
@@ -113,7 +113,9 @@ class Handler:
             self.state.receive_binary() if isinstance(raw, bytes) else self.state.receive(raw)
         )
         if isinstance(received, ProtocolError):
-            self._fail(received)
+            # SPEC S1: a first frame that is not a valid hello ends the connection 1008,
+            # whatever was wrong with it; the error still names the exact problem.
+            self._fail(received, received.close or CloseCode.POLICY_VIOLATION)
             return False
         assert isinstance(received, m.Hello)
         try:
@@ -157,12 +159,14 @@ class Handler:
             self.link.push(frame)
         return True
 
-    def _fail(self, error: ProtocolError) -> None:
-        assert error.close is not None
+    def _fail(self, error: ProtocolError, close: CloseCode | None = None) -> None:
+        """Send ``error``, then close with ``close`` (default: the error's own close code)."""
+        code = close or error.close
+        assert code is not None
         self.gw.metrics.errors.labels(error.code.value).inc()
         self.link.push(encode(m.Error(id=error.request_id, code=error.code, message=error.message)))
-        self._flush_and_close(error.close, close_reason(error.message))
-        self.gw.metrics.closes.labels(str(int(error.close))).inc()
+        self._flush_and_close(code, close_reason(error.message))
+        self.gw.metrics.closes.labels(str(int(code))).inc()
         self.state.start_closing()
 
     def _flush_and_close(self, code: CloseCode, reason: str) -> None:
@@ -224,14 +228,15 @@ class Handler:
             or not session.token_matches(hello.resume_token)
         ):
             return None, False
-        if session.user != identity.user or (
+        if (session.user, session.tenant) != (identity.user, identity.tenant) or (
             hello.profile and hello.profile != session.profile.name
         ):
             return None, False
         last = hello.last_seq or 0
         if last < session.floor_seq or last > session.last_seq:
-            # SPEC D3: history no longer reaches back; the old session is superseded.
-            self.gw.sessions.end(session)
+            # SPEC D3: the history no longer reaches back (or the client claims events it
+            # was never sent): resumed false. The old session is left alone, parked
+            # until its own window ends; a client mistake does not cancel its work.
             return None, False
         self._resume_token = hello.resume_token
         return session, True
@@ -242,15 +247,23 @@ class Handler:
         if name is None and len(identity.profiles) == 1:
             name = next(iter(identity.profiles))
         if name is None or name not in identity.profiles:
+            granted = ", ".join(sorted(identity.profiles)) or "none"
+            asked = "hello names no profile" if name is None else f"profile {name!r} is not granted"
             raise Refused(
-                ErrorCode.PROFILE_DENIED, f"profile {name!r} is not granted", CloseCode.AUTH_FAILED
+                ErrorCode.PROFILE_DENIED, f"{asked}; granted: {granted}", CloseCode.AUTH_FAILED
             )
         limits = gw.settings.limits
-        if gw.sessions.count_for(identity.user) >= limits.max_sessions_per_user:
+        if gw.sessions.count_for(identity.user, identity.tenant) >= limits.max_sessions_per_user:
             raise Refused(
                 ErrorCode.TOO_MANY_SESSIONS,
                 "too many sessions for this user",
                 CloseCode.TRY_AGAIN_LATER,
+            )
+        if self._context_too_large(hello.context):
+            raise Refused(
+                ErrorCode.CONTEXT_TOO_LARGE,
+                f"context over {limits.max_context_bytes} bytes",
+                CloseCode.POLICY_VIOLATION,
             )
         profile = gw.catalog.current.profile(name)
         session, token = gw.sessions.new(
@@ -389,15 +402,24 @@ class Handler:
 
     def on_context_update(self, msg: m.ContextUpdate) -> None:
         """SPEC S5: change the context, answer it, re-push the catalog if it changed."""
-        context = self.s.context
+        context = dict(self.s.context)
         for key, value in msg.context.items():
             if value is None:
                 context.pop(key, None)
             else:
                 context[key] = value
+        if self._context_too_large(context):
+            limit = self.gw.settings.limits.max_context_bytes
+            self._error(msg.id, ErrorCode.CONTEXT_TOO_LARGE, f"context over {limit} bytes")
+            return
+        self.s.context = context
         self.s.save()
         self.s.reply(m.Context(id=msg.id, context=dict(context)))
         self.gw.catalog.push(self.s, m.CatalogReason.CONTEXT)
+
+    def _context_too_large(self, context: dict[str, str]) -> bool:
+        """SPEC S5/E2: a context is stored, echoed and re-sent; keep it bounded."""
+        return len(encode_json(context)) > self.gw.settings.limits.max_context_bytes
 
     def on_bye(self, msg: m.Bye) -> None:
         """End the session for good, close 4001 (SPEC A4: pending approvals denied, no resume)."""

@@ -43,6 +43,7 @@ class ToolContext:
         progress: ``progress(fraction, message)`` reports job progress (SPEC J2);
             ``fraction`` in [0, 1] or ``None``. Safe to call from any thread; a no-op
             outside jobs; rate-limited by the server.
+        tenant: the authenticated tenant, or ``None`` (SPEC S2).
     """
 
     session_id: str
@@ -55,6 +56,13 @@ class ToolContext:
     job_id: str | None = None
     cancelled: threading.Event = field(default_factory=threading.Event)
     progress: ProgressFn = _no_progress
+    tenant: str | None = None
+
+    @property
+    def principal(self) -> str:
+        """Whose data this is: ``tenant/user``, or ``user`` without a tenant. Key stored
+        data by this, not by ``user`` alone: two tenants may both have an ``alice``."""
+        return f"{self.tenant}/{self.user}" if self.tenant else self.user
 
     @property
     def project_id(self) -> str | None:

@@ -103,10 +103,16 @@ class Link:
             return
         self._queue.extend(frames)
         self._queued_bytes += sum(len(data) for data in frames)
-        if self._queued_bytes > self.max_bytes:
+        if self._backlog() > self.max_bytes:
             self._overflow()
             return
         self._wakeup.set()
+
+    def _backlog(self) -> int:
+        """Bytes waiting behind the next frame to go: one frame of any size may wait
+        alone, so a single large result is not mistaken for a slow reader (SPEC D5)."""
+        head = self._queue[0] if self._queue else None
+        return self._queued_bytes - (len(head) if isinstance(head, bytes) else 0)
 
     def _send_now(self, frames: list[bytes]) -> bool:
         ws = self.ws

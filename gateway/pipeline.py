@@ -194,6 +194,7 @@ class Pipeline:
             call_id=call.call_id,
             tool=tool.name,
             data_dir=self.data_dir,
+            tenant=session.tenant,
         )
         info = CallInfo(
             session.id,
@@ -398,6 +399,7 @@ class Pipeline:
             call_id=row.call_id or "",
             tool=tool.name,
             data_dir=self.data_dir,
+            tenant=row.tenant,
         )
         info = CallInfo(
             row.session_id, row.user, row.profile, ctx.call_id, tool, row.params, ctx.context

@@ -133,6 +133,7 @@ class Gateway:
             max_sessions_per_user=settings.limits.max_sessions_per_user,
             resume_window=settings.sessions.resume_window,
             max_unacked_events=settings.sessions.max_unacked_events,
+            max_context_bytes=settings.limits.max_context_bytes,
         )
         self.bucket = bucket_factory(settings.limits.invoke_rate, settings.limits.invoke_burst)
         self.pool = ThreadPoolExecutor(
@@ -143,6 +144,11 @@ class Gateway:
         self.server: Server | None = None
         self.port = 0
         self.ready = False
+        self._files = {
+            f.name: (f.read_bytes(), _STATIC_TYPES.get(f.suffix, "application/octet-stream"))
+            for f in STATIC_DIR.iterdir()
+            if f.is_file()
+        }
         self._drained = False
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -387,14 +393,13 @@ class Gateway:
         self.metrics.sessions.labels("parked").set(len(self.sessions.sessions) - live)
 
     def _static(self, path: str) -> Response:
-        name = "index.html" if path in ("/", "") else path.lstrip("/")
-        if name.startswith("static/"):
-            name = name[len("static/") :]
-        target = (STATIC_DIR / name).resolve()
-        if STATIC_DIR.resolve() not in target.parents or not target.is_file():
+        """The console's files, looked up by name in a table built at start: a request
+        path never reaches the filesystem, so no traversal or odd byte can (SPEC K2)."""
+        name = "index.html" if path in ("/", "") else path.removeprefix("/")
+        found = self._files.get(name.removeprefix("static/"))
+        if found is None:
             return _response(http.HTTPStatus.NOT_FOUND, b"not found\n", "text/plain; charset=utf-8")
-        content_type = _STATIC_TYPES.get(target.suffix, "application/octet-stream")
-        return _response(http.HTTPStatus.OK, target.read_bytes(), content_type)
+        return _response(http.HTTPStatus.OK, *found)
 
 
 async def run(settings: Settings, on_started: Callable[[Gateway], None] | None = None) -> None:

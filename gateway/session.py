@@ -174,10 +174,12 @@ class SessionTable:
         self.max_unacked = max_unacked
         self._on_end = on_end
         self.sessions: dict[str, Session] = {}
-        self._per_user: dict[str, int] = {}
+        self._per_user: dict[tuple[str | None, str], int] = {}
+        """Live and parked sessions per (tenant, user) (SPEC E2)."""
 
-    def count_for(self, user: str) -> int:
-        return self._per_user.get(user, 0)
+    def count_for(self, user: str, tenant: str | None) -> int:
+        """Sessions (live or parked) the user of that tenant holds (SPEC E2)."""
+        return self._per_user.get((tenant, user), 0)
 
     def new(
         self,
@@ -240,7 +242,8 @@ class SessionTable:
 
     def _add(self, session: Session) -> None:
         self.sessions[session.id] = session
-        self._per_user[session.user] = self._per_user.get(session.user, 0) + 1
+        owner = (session.tenant, session.user)
+        self._per_user[owner] = self._per_user.get(owner, 0) + 1
 
     def get(self, session_id: str | None) -> Session | None:
         return self.sessions.get(session_id) if session_id else None
@@ -277,9 +280,10 @@ class SessionTable:
         if session._expiry is not None:
             session._expiry.cancel()
         self.sessions.pop(session.id, None)
-        self._per_user[session.user] -= 1
-        if not self._per_user[session.user]:
-            del self._per_user[session.user]
+        owner = (session.tenant, session.user)
+        self._per_user[owner] -= 1
+        if not self._per_user[owner]:
+            del self._per_user[owner]
         self._on_end(session)
         self.outbox.flush()
         self.store.delete_session(session.id)

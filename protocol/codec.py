@@ -101,8 +101,8 @@ def _decode(raw: bytes | str, adapter: TypeAdapter[Any], max_depth: int) -> Any:
     if not isinstance(obj, dict):
         return DecodeError(ErrorCode.NOT_AN_OBJECT, "a message must be a JSON object")
     request_id = _readable_id(obj.get("id"))
-    depth, keys = _shape(obj, 1)
-    if depth > max_depth:
+    keys = _count_shape(obj, max_depth)
+    if keys is None:
         return DecodeError(
             ErrorCode.TOO_DEEP, f"nesting deeper than {max_depth} levels", request_id
         )
@@ -135,21 +135,26 @@ def _json_error(raw: bytes | str, detail: str) -> DecodeError:
     return DecodeError(ErrorCode.MALFORMED_JSON, f"malformed JSON: {detail}")
 
 
-def _shape(value: Any, depth: int) -> tuple[int, int]:
-    """Return (deepest nesting, number of object keys) of a parsed JSON value."""
-    if isinstance(value, dict):
-        deepest, keys = depth, len(value)
-        for item in value.values():
+def _count_shape(root: dict[str, Any], max_depth: int) -> int | None:
+    """Count the object keys of a parsed message, or ``None`` once nesting passes
+    ``max_depth`` (the message itself is level 1).
+
+    Iterative, and it stops at the first container past the limit: orjson accepts about
+    a thousand levels, more than Python's recursion limit allows a walk to follow.
+    """
+    keys = 0
+    stack: list[tuple[Any, int]] = [(root, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > max_depth:
+            return None
+        items = value.values() if isinstance(value, dict) else value
+        if isinstance(value, dict):
+            keys += len(value)
+        for item in items:
             if isinstance(item, dict | list):
-                d, k = _shape(item, depth + 1)
-                deepest, keys = max(deepest, d), keys + k
-        return deepest, keys
-    deepest, keys = depth, 0
-    for item in value:
-        if isinstance(item, dict | list):
-            d, k = _shape(item, depth + 1)
-            deepest, keys = max(deepest, d), keys + k
-    return deepest, keys
+                stack.append((item, depth + 1))
+    return keys
 
 
 def _count_keys(raw: bytes | str) -> int:

@@ -56,6 +56,7 @@ class ErrorCode(StrEnum):
     TOO_MANY_SESSIONS = "too_many_sessions"
     TOO_MANY_PENDING_APPROVALS = "too_many_pending_approvals"
     # Requests about calls, jobs and grants.
+    CONTEXT_TOO_LARGE = "context_too_large"
     DUPLICATE_CALL = "duplicate_call"
     UNKNOWN_CALL = "unknown_call"
     UNKNOWN_JOB = "unknown_job"
@@ -123,6 +124,7 @@ ERROR_DISPOSITION: dict[ErrorCode, CloseCode | None] = {
     ErrorCode.AUTH_FAILED: CloseCode.AUTH_FAILED,
     ErrorCode.PROFILE_DENIED: CloseCode.AUTH_FAILED,
     ErrorCode.TOO_MANY_SESSIONS: CloseCode.TRY_AGAIN_LATER,
+    ErrorCode.CONTEXT_TOO_LARGE: None,
     ErrorCode.INTERNAL: CloseCode.INTERNAL_ERROR,
 }
 

@@ -116,6 +116,8 @@ class Limits(_Message):
     max_sessions_per_user: StrictInt
     resume_window: StrictFloat
     max_unacked_events: StrictInt
+    max_context_bytes: StrictInt
+    """Largest session context, as JSON (SPEC S5)."""
 
 
 class ToolInfo(_Message):

@@ -29,6 +29,8 @@ WAIT = 10.0
 TOKENS = {
     "alice-token": {"user": "alice", "profiles": ["demo", "readonly", "voice", "legacy"]},
     "bob-token": {"user": "bob", "profiles": ["demo"]},
+    # Same user name, other tenant: a different principal (SPEC S2).
+    "alice-t2-token": {"user": "alice", "profiles": ["demo"], "tenant": "t2"},
 }
 
 

@@ -13,9 +13,10 @@ thread, so typing never blocks the event loop:
     cancel CALL_ID                 cancel a running or approval-pending call
     cancel-job JOB_ID              cancel a job
     grants / revoke TOOL           "always allow" grants
-    ctx key=value [key=...]        update the context (``key=`` removes the key)
+    ctx key=value [key=...]        update the context ('key=' removes the key)
     help                           this text
-    quit                           end the session and exit (also on end of input)
+    quit                           end the session and exit (also on end of input);
+                                   calls still running get --wait seconds to finish
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from pydantic import BaseModel
 
 from protocol import messages as m
 from toolbus.client import Client
-from toolbus.errors import ToolbusClientError
+from toolbus.errors import InvalidParams, ToolbusClientError, UnknownTool
 from toolbus.handles import JobHandle
 
 HELP: Final = (
@@ -61,6 +62,8 @@ class Console:
 
     def __init__(self, client: Client) -> None:
         self.client = client
+        self.started = False
+        """Pushes are printed once the "connected" line is out."""
         self.aliases: dict[str, str] = {}
         self.tasks: set[asyncio.Task[None]] = set()
         self.commands: dict[str, Callable[[list[str]], Awaitable[None]]] = {
@@ -165,6 +168,18 @@ class Console:
     async def _call(self, tool: str, params: dict[str, Any]) -> None:
         try:
             out = await self.client.invoke(tool, params)
+        except UnknownTool as exc:
+            say(f"call.error {tool}: unknown_tool: {exc}")
+            if exc.suggestions:
+                say(f"  did you mean: {', '.join(exc.suggestions)}")
+            if exc.guidance:
+                say(f"  {exc.guidance}")
+            return
+        except InvalidParams as exc:
+            say(f"call.error {tool}: invalid_params: {exc}")
+            for violation in exc.violations:
+                say(f"  {violation.pointer or '/'}: {violation.message}")
+            return
         except ToolbusClientError as exc:
             say(f"call.error {tool}: {exc.code or type(exc).__name__}: {exc}")
             return
@@ -225,6 +240,15 @@ class Console:
     async def help(self, args: list[str]) -> None:
         say(HELP.rstrip())
 
+    async def settle(self, wait: float) -> None:
+        """Give calls still running up to ``wait`` seconds to answer, then cancel them."""
+        if self.tasks:
+            await asyncio.wait(set(self.tasks), timeout=wait)
+        for task in list(self.tasks):
+            task.cancel()
+        if self.tasks:
+            await asyncio.wait(set(self.tasks))
+
 
 def _stdin_lines(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[str | None]) -> None:
     """Read stdin on a thread; hand each line to the loop (``None`` at end of input)."""
@@ -239,7 +263,7 @@ async def run(args: argparse.Namespace) -> int:
     console: Console | None = None
 
     def printer(message: BaseModel) -> None:
-        if console is not None:
+        if console is not None and console.started:
             console.on_message(message)
 
     client = Client(
@@ -269,6 +293,7 @@ async def run(args: argparse.Namespace) -> int:
             tools=client.catalog,
         )
     )
+    console.started = True
     queue: asyncio.Queue[str | None] = asyncio.Queue()
     threading.Thread(
         target=_stdin_lines, args=(asyncio.get_running_loop(), queue), daemon=True
@@ -279,8 +304,7 @@ async def run(args: argparse.Namespace) -> int:
             if line is None or not await console.run_line(line):
                 break
     finally:
-        for task in list(console.tasks):
-            task.cancel()
+        await console.settle(args.wait)
         await client.close()
     say("bye")
     return 0
@@ -289,7 +313,16 @@ async def run(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """``toolbus client URL --token T --profile P``; returns the exit code."""
     parser = argparse.ArgumentParser(
-        prog="toolbus client", description="Interactive toolbus client."
+        prog="toolbus client",
+        description="Interactive toolbus client. Commands, one per line on stdin:",
+        epilog=HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--wait",
+        type=float,
+        default=10.0,
+        help="seconds calls still running get at quit or end of input (default 10)",
     )
     parser.add_argument("url", help="server WebSocket URL, e.g. ws://127.0.0.1:8765/")
     parser.add_argument("--token", default=None, help="credential sent in hello")

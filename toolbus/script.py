@@ -400,9 +400,14 @@ class Conversation:
         return hello
 
     async def close(self) -> None:
+        """End the run: a session still open is ended with ``bye`` so that it does not
+        stay parked for the resume window, counting against the user's session limit
+        (SPEC E2). A script whose last step was ``disconnect`` leaves its session parked."""
         if self.ws is not None:
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(2.0):
+                    if self.session_id is not None:
+                        await self.ws.send('{"type":"bye"}')
                     await self.ws.close()
 
     async def receive(self) -> Any:

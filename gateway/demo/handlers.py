@@ -5,7 +5,7 @@ functions run in a worker thread (SPEC S3); coroutine functions run on the event
 Identity (user, project) comes only from ``ctx``, never from ``params``.
 
 Notes live in SQLite at ``ctx.data_dir / "notes.db"``, one connection per call (calls
-run in different threads), scoped by ``ctx.user``.
+run in different threads), scoped by ``ctx.principal`` (tenant and user).
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def notes_create(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     with _notes_db(ctx) as db:
         cursor = db.execute(
             "INSERT INTO notes (user, title, body, tags, created_at) VALUES (?, ?, ?, ?, ?)",
-            (ctx.user, params["title"], params["body"], tags, created),
+            (ctx.principal, params["title"], params["body"], tags, created),
         )
         row = db.execute("SELECT * FROM notes WHERE id = ?", (cursor.lastrowid,)).fetchone()
     return _note(row)
@@ -78,9 +78,9 @@ def notes_list(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     limit = int(params.get("limit", 20))
     with _notes_db(ctx) as db:
         rows = db.execute(
-            "SELECT * FROM notes WHERE user = ? ORDER BY id DESC LIMIT ?", (ctx.user, limit)
+            "SELECT * FROM notes WHERE user = ? ORDER BY id DESC LIMIT ?", (ctx.principal, limit)
         ).fetchall()
-        total = db.execute("SELECT COUNT(*) FROM notes WHERE user = ?", (ctx.user,)).fetchone()
+        total = db.execute("SELECT COUNT(*) FROM notes WHERE user = ?", (ctx.principal,)).fetchone()
     return {"notes": [_note(row) for row in rows], "total": total[0]}
 
 
@@ -96,7 +96,7 @@ def notes_search(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
         rows = db.execute(
             "SELECT * FROM notes WHERE user = :user AND (title LIKE :p ESCAPE '\\' "
             "OR body LIKE :p ESCAPE '\\' OR tags LIKE :p ESCAPE '\\') ORDER BY id DESC",
-            {"user": ctx.user, "p": pattern},
+            {"user": ctx.principal, "p": pattern},
         ).fetchall()
     return {"query": params["query"], "notes": [_note(row) for row in rows]}
 
@@ -110,7 +110,7 @@ def notes_delete(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     note_id = params["note_id"]
     with _notes_db(ctx) as db:
         deleted = db.execute(
-            "DELETE FROM notes WHERE id = ? AND user = ?", (note_id, ctx.user)
+            "DELETE FROM notes WHERE id = ? AND user = ?", (note_id, ctx.principal)
         ).rowcount
     if not deleted:
         raise LookupError(f"note {note_id} not found")
@@ -216,7 +216,9 @@ def project_summary(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     if not project:
         raise PermissionError("no project is linked to this session")
     with _notes_db(ctx) as db:
-        rows = db.execute("SELECT * FROM notes WHERE user = ? ORDER BY id", (ctx.user,)).fetchall()
+        rows = db.execute(
+            "SELECT * FROM notes WHERE user = ? ORDER BY id", (ctx.principal,)
+        ).fetchall()
     notes = [_note(row) for row in rows if project in json.loads(row["tags"])]
     tags = sorted({tag for note in notes for tag in note["tags"]} - {project})
     titles = [note["title"] for note in notes]

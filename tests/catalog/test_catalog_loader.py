@@ -155,8 +155,22 @@ def test_model_unsafe_names_refused(write_yaml, name: str) -> None:
         ("{type: object, properties: {a: {default: 2024-01-01}}}", "is not plain JSON"),
         ("[1, 2]", "must be a JSON Schema object"),
         ("{$schema: 'http://example.com/custom', type: object}", "is not a valid JSON Schema"),
+        (
+            "{type: object, properties: {name: {type: string}}, required: [name, nam],"
+            " additionalProperties: false}",
+            "requires 'nam' but does not declare it",
+        ),
     ],
-    ids=["bad-type", "root-not-object", "bad-regex", "dangling-ref", "yaml-date", "list", "meta"],
+    ids=[
+        "bad-type",
+        "root-not-object",
+        "bad-regex",
+        "dangling-ref",
+        "yaml-date",
+        "list",
+        "meta",
+        "uncallable",
+    ],
 )
 def test_invalid_parameter_schemas_refused(write_yaml, schema: str, expected: str) -> None:
     """SPEC C1/I4: parameters must be a valid, compilable JSON Schema of an object."""
@@ -327,3 +341,12 @@ def test_from_mcp_tool_maps_annotations() -> None:
     }
     tool = load_tool_dicts([definition], "mcp").tools["delete_file"]
     assert (tool.dangerous, tool.read_only, tool.idempotent) == (True, False, True)
+
+
+def test_yaml_syntax_error_names_line_and_column(write_yaml) -> None:
+    """SPEC C1: a YAML syntax error is one readable line with its line and column."""
+    path = write_yaml("t.yaml", "tools:\n  - name: greet\n  description: x\n")
+    [issue] = issues_of([path])
+    assert issue.file == str(path)
+    assert issue.message.startswith("invalid YAML: line 3, column 3: ")
+    assert "\n" not in issue.message

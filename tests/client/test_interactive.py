@@ -115,3 +115,26 @@ async def test_console_refused(gateway: Gateway) -> None:
         _, err = await proc.communicate()
     assert proc.returncode == 2
     assert b"auth_failed" in err
+
+
+async def test_console_end_of_input_lets_calls_finish(gateway: Gateway) -> None:
+    """SPEC K1: calls typed right before end of input still run and print (no silent drop);
+    call errors show their details (I1 suggestions, I4 JSON pointers)."""
+    console = await start(gateway)
+    await console.until("catalog (initial")
+    assert console.proc.stdin is not None
+    console.proc.stdin.write(
+        b'invoke convert_units {"value": 3, "from_unit": "km", "to_unit": "m"}\n'
+        b"invoke convert_unit {}\n"
+        b'invoke convert_units {"value": "x"}\n'
+    )
+    console.proc.stdin.close()
+    await console.until("bye")  # the calls run concurrently: their lines come in any order
+    async with asyncio.timeout(WAIT):
+        assert await console.proc.wait() == 0
+    out = console.lines
+    assert any('"result":3000.0' in line for line in out if line.startswith("result convert_units"))
+    assert "  did you mean: convert_units" in out
+    assert "call.error convert_units: invalid_params: 3 parameter problem(s)" in out
+    assert '  /value: "x" is not of type "number"' in out
+    assert sum("catalog (initial" in line for line in out) == 1

@@ -43,3 +43,25 @@ def test_missing_file_refused(tmp_path: Path) -> None:
     """SPEC O4: a config path that does not exist is an error, not the defaults."""
     with pytest.raises(FileNotFoundError):
         load_settings(tmp_path / "absent.yaml")
+
+
+def test_relative_paths_follow_the_config_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SPEC O4: paths in the file are relative to the file, not to the working directory."""
+    folder = tmp_path / "deploy"
+    folder.mkdir()
+    config = folder / "toolbus.yaml"
+    config.write_text(
+        "data_dir: state\n"
+        "auth: {token_file: secrets/tokens.yaml}\n"
+        "catalog: {tools: [tools.yaml, /abs/more.yaml], profiles: [profiles.yaml]}\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    settings = load_settings(config)
+    assert settings.data_dir == folder / "state"
+    assert settings.auth.token_file == folder / "secrets" / "tokens.yaml"
+    assert settings.catalog.tools == [folder / "tools.yaml", Path("/abs/more.yaml")]
+    assert settings.catalog.profiles == [folder / "profiles.yaml"]
+    monkeypatch.setenv("TOOLBUS_DATA_DIR", "elsewhere")
+    assert load_settings(config).data_dir == Path("elsewhere")

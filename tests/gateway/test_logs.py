@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-import sys
 import logging
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 

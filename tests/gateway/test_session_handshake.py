@@ -76,6 +76,7 @@ async def test_subprotocol_negotiated_and_welcome_limits(tmp_path: Path) -> None
             "max_sessions_per_user": 5,
             "resume_window": 30.0,
             "max_unacked_events": 500,
+            "max_context_bytes": 16384,
         }
         catalog = await p.recv()
         assert catalog["type"] == "catalog"

@@ -23,12 +23,13 @@ LIMITS = m.Limits(
     max_sessions_per_user=8,
     resume_window=120.0,
     max_unacked_events=10000,
+    max_context_bytes=16384,
 )
 LIMITS_JSON = (
     b'{"max_message_bytes":1048576,"heartbeat_interval":20.0,"heartbeat_timeout":20.0,'
     b'"max_inflight_calls":16,"invoke_rate":10.0,"invoke_burst":20,'
     b'"max_pending_approvals":32,"max_sessions_per_user":8,"resume_window":120.0,'
-    b'"max_unacked_events":10000}'
+    b'"max_unacked_events":10000,"max_context_bytes":16384}'
 )
 
 JOB_INFO = m.JobInfo(

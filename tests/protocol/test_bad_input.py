@@ -276,3 +276,10 @@ def test_close_reason_fits_a_control_frame(text: str) -> None:
     assert text.startswith(reason)
     # Nothing was dropped that would still have fitted.
     assert reason == text or len(raw) > MAX_CLOSE_REASON_BYTES - 4
+
+
+def test_nesting_far_past_the_limit_is_too_deep() -> None:
+    """SPEC E1: a thousand levels (orjson parses them) are refused too_deep, never a
+    RecursionError escaping the codec."""
+    raw = b'{"type":"ack","seq":1,"x":' + b"[" * 1000 + b"]" * 1000 + b"}"
+    assert _code(raw) is ErrorCode.TOO_DEEP

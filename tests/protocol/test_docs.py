@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
+from protocol.errors import ErrorCode
 from protocol.messages import CLIENT_TYPES, SERVER_TYPES, type_name
 
 DOC = (Path(__file__).resolve().parents[2] / "docs" / "protocol.md").read_text()
@@ -25,3 +26,9 @@ def test_every_field_documented(model: type[BaseModel]) -> None:
     section = _section(type_name(model))
     missing = [name for name in model.model_fields if f"| `{name}` |" not in section]
     assert not missing, f"docs/protocol.md {type_name(model)}: fields not documented: {missing}"
+
+
+@pytest.mark.parametrize("code", list(ErrorCode), ids=str)
+def test_every_error_code_documented(code: ErrorCode) -> None:
+    """Every wire error code has a row in the docs/protocol.md error table."""
+    assert f"| `{code.value}` |" in DOC, f"docs/protocol.md: error code {code.value} missing"

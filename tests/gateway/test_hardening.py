@@ -1,0 +1,161 @@
+"""Faults found by adversarial probing, each pinned with its whole kind (SPEC S1, S2, S5, D3,
+D5, E1, E2, O2)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from websockets.exceptions import ConnectionClosed
+
+from gateway.server import Gateway
+from tests.support import WAIT, Peer, peer, running, settings_for
+
+
+async def _closed(p: Peer) -> int | None:
+    """Receive until the server closes; return its close code."""
+    try:
+        while True:
+            await p.recv()
+    except ConnectionClosed:
+        return p.ws.close_code
+
+
+@pytest.mark.parametrize(
+    ("frame", "code"),
+    [
+        ("garbage", "malformed_json"),
+        ('{"type":"hello","a":NaN}', "nan_not_allowed"),
+        ('{"type":"hello","type":"hello"}', "duplicate_key"),
+        ('{"type":"hello","x":' + "[" * 1000 + "]" * 1000 + "}", "too_deep"),
+        ('{"type":"hello","token":123}', "wrong_type"),
+        ('{"type":"hello","context":{"a":1}}', "wrong_type"),
+        ('{"type":"hello","last_seq":-1}', "invalid_value"),
+        ('{"type":"hello","profile":""}', "invalid_value"),
+        ('{"type":"hello","extra":1}', "extra_field"),
+    ],
+    ids=["garbage", "nan", "dup", "deep", "token-int", "ctx-int", "seq", "profile", "extra"],
+)
+async def test_bad_first_frame_closes_1008_with_its_code(
+    gateway: Gateway, frame: str, code: str
+) -> None:
+    """SPEC S1/E1: a first frame that is not a valid hello gets its typed error, then 1008
+    (never 1011 with a traceback)."""
+    async with peer(gateway, hello=False) as p:
+        await p.send(frame)
+        error = await p.expect("error")
+        assert error["code"] == code
+        assert await _closed(p) == 1008
+
+
+async def test_deep_nesting_after_hello_keeps_the_connection(gateway: Gateway) -> None:
+    """SPEC E1: a thousand levels of nesting is too_deep; the session goes on."""
+    async with peer(gateway) as p:
+        await p.send('{"type":"ack","seq":0,"x":' + "[" * 1000 + "]" * 1000 + "}")
+        assert (await p.expect("error"))["code"] == "too_deep"
+        await p.invoke("c1", "clock_now", {"timezone": "UTC"})
+        assert (await p.terminal("c1"))["type"] == "result"
+
+
+async def test_nul_byte_in_http_path_is_404(gateway: Gateway) -> None:
+    """SPEC O2/K2: odd request paths never reach the filesystem: 404, no 500."""
+    for path in (b"/\x00", b"/..%2f..%2fetc/passwd", b"/static/../server.py"):
+        reader, writer = await asyncio.open_connection("127.0.0.1", gateway.port)
+        writer.write(b"GET " + path + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+        async with asyncio.timeout(WAIT):
+            status = await reader.readline()
+        writer.close()
+        assert status.startswith(b"HTTP/1.1 404"), (path, status)
+
+
+async def test_resume_needs_the_same_tenant(gateway: Gateway) -> None:
+    """SPEC S2/D3: the same user name in another tenant cannot resume the session."""
+    async with peer(gateway) as owner:
+        welcome = owner.welcome
+        async with peer(
+            gateway,
+            token="alice-t2-token",
+            session_id=welcome["session_id"],
+            resume_token=welcome["resume_token"],
+            last_seq=0,
+        ) as other:
+            assert other.welcome["resumed"] is False
+            assert other.welcome["session_id"] != welcome["session_id"]
+        await owner.invoke("c1", "clock_now", {"timezone": "UTC"})
+        assert (await owner.terminal("c1"))["type"] == "result"
+
+
+async def test_tool_data_is_per_tenant(gateway: Gateway) -> None:
+    """SPEC I5/S2: ctx.principal separates tenants; alice of t2 never sees alice's notes."""
+    async with peer(gateway) as alice:
+        await alice.invoke("n1", "notes_create", {"title": "secret", "body": "pw=hunter2"})
+        assert (await alice.terminal("n1"))["type"] == "result"
+    async with peer(gateway, token="alice-t2-token") as other:
+        await other.invoke("s1", "notes_search", {"query": "secret"})
+        found = await other.terminal("s1")
+        assert "hunter2" not in str(found["result"])
+        assert found["result"]["notes"] == []
+
+
+async def test_session_limit_counts_per_tenant(tmp_path: Path) -> None:
+    """SPEC E2: max_sessions_per_user counts (tenant, user); another tenant's alice is apart."""
+    settings = settings_for(tmp_path, limits={"max_sessions_per_user": 1})
+    async with running(settings) as gw, peer(gw), peer(gw, token="alice-t2-token") as other:
+        assert other.welcome["user"] == "alice"
+
+
+async def test_one_large_result_is_not_a_slow_consumer(tmp_path: Path) -> None:
+    """SPEC D5: a single frame larger than the outbound bound reaches a reading client;
+    only a backlog behind it counts against the bound."""
+    settings = settings_for(tmp_path, server={"max_outbound_bytes": 4096})
+    async with running(settings) as gw, peer(gw) as p:
+        body = "x" * 3000
+        for i in range(3):
+            await p.invoke(f"n{i}", "notes_create", {"title": f"t{i}", "body": body})
+            await p.terminal(f"n{i}")
+        await p.invoke("all", "notes_list", {"limit": 10})
+        listed = await p.terminal("all")
+        assert listed["type"] == "result"
+        assert len(listed["result"]["notes"]) == 3
+
+
+async def test_context_size_is_bounded(tmp_path: Path) -> None:
+    """SPEC S5/E2: a context past max_context_bytes is refused and nothing changes; an
+    oversized context in hello closes 1008."""
+    settings = settings_for(tmp_path, limits={"max_context_bytes": 200})
+    async with running(settings) as gw:
+        async with peer(gw, context={"project_id": "p1"}) as p:
+            await p.send({"type": "context.update", "id": "u1", "context": {"big": "y" * 300}})
+            error = await p.expect("error", id="u1")
+            assert error["code"] == "context_too_large"
+            await p.send({"type": "context.update", "id": "u2", "context": {"k": "v"}})
+            assert (await p.expect("context", id="u2"))["context"] == {"project_id": "p1", "k": "v"}
+            assert p.welcome["limits"]["max_context_bytes"] == 200
+        async with peer(gw, hello=False) as q:
+            await q.send(
+                {
+                    "type": "hello",
+                    "token": "alice-token",
+                    "profile": "demo",
+                    "context": {"big": "y" * 300},
+                }
+            )
+            assert (await q.expect("error"))["code"] == "context_too_large"
+            assert await _closed(q) == 1008
+
+
+async def test_bad_last_seq_leaves_the_session_alone(gateway: Gateway) -> None:
+    """SPEC D3: a resume with a last_seq the log cannot serve answers resumed false and
+    leaves the old session (and its pending approval) resumable."""
+    async with peer(gateway) as p:
+        await p.invoke("d1", "notes_delete", {"note_id": 1})
+        start = await p.expect("tool_start", call_id="d1")
+        welcome = p.welcome
+        p.ws.transport.abort()
+    ids = {"session_id": welcome["session_id"], "resume_token": welcome["resume_token"]}
+    async with peer(gateway, last_seq=10**9, **ids) as wrong:
+        assert wrong.welcome["resumed"] is False
+    async with peer(gateway, last_seq=start["seq"], **ids) as right:
+        assert right.welcome["resumed"] is True
+        assert gateway.approvals.pending.keys() == {start["approval_id"]}
