@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 import yaml
 from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
 
 from gateway.auth import hash_token
 from gateway.config import DEMO_DIR, Settings, load_settings
@@ -143,3 +144,67 @@ async def peer(
         if hello:
             await p.hello(**hello_fields)
         yield p
+
+
+CONVERT = {"value": 1, "from_unit": "m", "to_unit": "cm"}
+"""Arguments of a quick, valid demo call (convert_units)."""
+
+
+def signal(gw: Gateway, name: str) -> asyncio.Event:
+    """An event set each time ``gw.sessions.<name>`` (``park`` or ``end``) runs."""
+    event = asyncio.Event()
+    original = getattr(gw.sessions, name)
+
+    def wrapper(*args: Any, **kwargs: Any) -> None:
+        original(*args, **kwargs)
+        event.set()
+
+    setattr(gw.sessions, name, wrapper)
+    return event
+
+
+def park_signal(gw: Gateway) -> asyncio.Event:
+    """An event set each time the server parks a session (its socket went away)."""
+    return signal(gw, "park")
+
+
+async def dropped(p: Peer, parked: asyncio.Event) -> None:
+    """Drop the client's socket abruptly and wait until the server parked its session."""
+    parked.clear()
+    p.ws.transport.abort()
+    async with asyncio.timeout(WAIT):
+        await parked.wait()
+
+
+async def closed(p: Peer) -> ConnectionClosed:
+    """Read until the server closes; the close it sent (``.rcvd.code``)."""
+    async with asyncio.timeout(WAIT):
+        while True:
+            try:
+                await p.recv()
+            except ConnectionClosed as exc:
+                return exc
+
+
+def resume_fields(p: Peer, last_seq: int, **extra: Any) -> dict[str, Any]:
+    """The hello fields that resume ``p``'s session from ``last_seq`` (SPEC D3)."""
+    return {
+        "session_id": p.welcome["session_id"],
+        "resume_token": p.welcome["resume_token"],
+        "last_seq": last_seq,
+        **extra,
+    }
+
+
+async def barrier(p: Peer) -> list[dict[str, Any]]:
+    """Everything received up to the answer of a request sent now (a reply has no seq and
+    leaves after every event emitted before it, SPEC D1)."""
+    start = len(p.seen)
+    await p.send({"type": "grants.list", "id": "barrier"})
+    await p.expect("grants", id="barrier")
+    return p.seen[start:-1]
+
+
+def sequenced(messages: list[dict[str, Any]]) -> list[int]:
+    """The ``seq`` of each durable event among ``messages``, in order."""
+    return [msg["seq"] for msg in messages if "seq" in msg]

@@ -8,56 +8,22 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from websockets.exceptions import ConnectionClosed
 
 from gateway.demo import handlers
 from gateway.server import Gateway
 from protocol import messages as m
-from tests.support import MS, WAIT, Peer, peer, running, settings_for
-
-
-def park_signal(gw: Gateway) -> asyncio.Event:
-    """An event set each time the server parks a session (its socket went away)."""
-    event = asyncio.Event()
-    original = gw.sessions.park
-
-    def park(*args: Any, **kwargs: Any) -> None:
-        original(*args, **kwargs)
-        event.set()
-
-    gw.sessions.park = park  # type: ignore[method-assign]
-    return event
-
-
-async def closed(p: Peer) -> ConnectionClosed:
-    """Read until the server closes; the close it sent."""
-    async with asyncio.timeout(WAIT):
-        while True:
-            try:
-                await p.recv()
-            except ConnectionClosed as exc:
-                return exc
-
-
-def resume_fields(p: Peer, last_seq: int) -> dict[str, Any]:
-    return {
-        "session_id": p.welcome["session_id"],
-        "resume_token": p.welcome["resume_token"],
-        "last_seq": last_seq,
-    }
-
-
-async def barrier(p: Peer) -> list[dict[str, Any]]:
-    """Everything received up to the answer of a request sent now (a reply has no seq and
-    leaves after every event emitted before it, SPEC D1)."""
-    start = len(p.seen)
-    await p.send({"type": "grants.list", "id": "barrier"})
-    await p.expect("grants", id="barrier")
-    return p.seen[start:-1]
-
-
-def sequenced(messages: list[dict[str, Any]]) -> list[int]:
-    return [msg["seq"] for msg in messages if "seq" in msg]
+from tests.support import (
+    MS,
+    WAIT,
+    barrier,
+    closed,
+    park_signal,
+    peer,
+    resume_fields,
+    running,
+    sequenced,
+    settings_for,
+)
 
 
 async def test_case_f06_job_done_while_disconnected_delivered_once(

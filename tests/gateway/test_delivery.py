@@ -4,68 +4,25 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
 
 import pytest
-from websockets.exceptions import ConnectionClosed
 
 from gateway.demo import handlers
 from gateway.server import Gateway
-from tests.support import MS, WAIT, Peer, peer, running, settings_for
-
-CONVERT = {"value": 1, "from_unit": "m", "to_unit": "cm"}
-
-
-def signal(gw: Gateway, name: str) -> asyncio.Event:
-    """An event set each time ``gw.sessions.<name>`` (park or end) runs."""
-    event = asyncio.Event()
-    original = getattr(gw.sessions, name)
-
-    def wrapper(*args: Any, **kwargs: Any) -> None:
-        original(*args, **kwargs)
-        event.set()
-
-    setattr(gw.sessions, name, wrapper)
-    return event
-
-
-async def dropped(p: Peer, parked: asyncio.Event) -> None:
-    """Drop the client's socket abruptly and wait until the server parked its session."""
-    parked.clear()
-    p.ws.transport.abort()
-    async with asyncio.timeout(WAIT):
-        await parked.wait()
-
-
-async def closed(p: Peer) -> ConnectionClosed:
-    """Read until the server closes; the close it sent."""
-    async with asyncio.timeout(WAIT):
-        while True:
-            try:
-                await p.recv()
-            except ConnectionClosed as exc:
-                return exc
-
-
-def resume_fields(p: Peer, last_seq: int, **extra: Any) -> dict[str, Any]:
-    return {
-        "session_id": p.welcome["session_id"],
-        "resume_token": p.welcome["resume_token"],
-        "last_seq": last_seq,
-        **extra,
-    }
-
-
-async def barrier(p: Peer) -> list[dict[str, Any]]:
-    """Everything received up to the answer of a request sent now (SPEC D1 ordering)."""
-    start = len(p.seen)
-    await p.send({"type": "grants.list", "id": "barrier"})
-    await p.expect("grants", id="barrier")
-    return p.seen[start:-1]
-
-
-def sequenced(messages: list[dict[str, Any]]) -> list[int]:
-    return [msg["seq"] for msg in messages if "seq" in msg]
+from tests.support import (
+    CONVERT,
+    MS,
+    WAIT,
+    barrier,
+    closed,
+    dropped,
+    peer,
+    resume_fields,
+    running,
+    sequenced,
+    settings_for,
+    signal,
+)
 
 
 async def test_seq_gap_free_across_mixed_events(

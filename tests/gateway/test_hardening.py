@@ -7,19 +7,9 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from websockets.exceptions import ConnectionClosed
 
 from gateway.server import Gateway
-from tests.support import WAIT, Peer, peer, running, settings_for
-
-
-async def _closed(p: Peer) -> int | None:
-    """Receive until the server closes; return its close code."""
-    try:
-        while True:
-            await p.recv()
-    except ConnectionClosed:
-        return p.ws.close_code
+from tests.support import WAIT, closed, peer, running, settings_for
 
 
 @pytest.mark.parametrize(
@@ -46,7 +36,7 @@ async def test_bad_first_frame_closes_1008_with_its_code(
         await p.send(frame)
         error = await p.expect("error")
         assert error["code"] == code
-        assert await _closed(p) == 1008
+        assert (await closed(p)).rcvd.code == 1008
 
 
 async def test_deep_nesting_after_hello_keeps_the_connection(gateway: Gateway) -> None:
@@ -142,7 +132,7 @@ async def test_context_size_is_bounded(tmp_path: Path) -> None:
                 }
             )
             assert (await q.expect("error"))["code"] == "context_too_large"
-            assert await _closed(q) == 1008
+            assert (await closed(q)).rcvd.code == 1008
 
 
 async def test_bad_last_seq_leaves_the_session_alone(gateway: Gateway) -> None:

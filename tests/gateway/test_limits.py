@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from pathlib import Path
 
@@ -10,19 +9,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 
 from gateway.server import Gateway
-from tests.support import WAIT, Peer, peer, running, settings_for
-
-CONVERT = {"value": 1, "from_unit": "m", "to_unit": "cm"}
-
-
-async def closed(p: Peer) -> ConnectionClosed:
-    """Read until the server closes; the close it sent."""
-    async with asyncio.timeout(WAIT):
-        while True:
-            try:
-                await p.recv()
-            except ConnectionClosed as exc:
-                return exc
+from tests.support import CONVERT, Peer, closed, peer, running, settings_for
 
 
 async def still_serves(p: Peer, call_id: str) -> None:

@@ -11,22 +11,12 @@ from typing import Any
 import jwt
 import pytest
 from websockets.asyncio.client import connect
-from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.exceptions import InvalidStatus
 
 from gateway.server import Gateway
-from tests.support import MS, WAIT, Peer, peer, running, settings_for
+from tests.support import MS, WAIT, Peer, closed, peer, running, settings_for
 
 JWT_SECRET = "a-test-only-hs256-secret-of-32-bytes-or-more!"
-
-
-async def closed(p: Peer) -> ConnectionClosed:
-    """Read until the server closes; the close frame it sent."""
-    async with asyncio.timeout(WAIT):
-        while True:
-            try:
-                await p.recv()
-            except ConnectionClosed as exc:
-                return exc
 
 
 async def refused(gateway: Gateway, url: str | None = None, **kwargs: Any) -> InvalidStatus:

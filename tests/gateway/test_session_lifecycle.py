@@ -8,43 +8,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from websockets.exceptions import ConnectionClosed
 
 from gateway.demo import handlers
 from gateway.server import Gateway
-from tests.support import MS, WAIT, Peer, peer, running, settings_for
-
-
-def park_signal(gw: Gateway) -> asyncio.Event:
-    """An event set each time the server parks a session (its socket went away)."""
-    event = asyncio.Event()
-    original = gw.sessions.park
-
-    def park(*args: Any, **kwargs: Any) -> None:
-        original(*args, **kwargs)
-        event.set()
-
-    gw.sessions.park = park  # type: ignore[method-assign]
-    return event
-
-
-def resume_fields(p: Peer, last_seq: int) -> dict[str, Any]:
-    return {
-        "session_id": p.welcome["session_id"],
-        "resume_token": p.welcome["resume_token"],
-        "last_seq": last_seq,
-    }
-
-
-async def closed(p: Peer) -> ConnectionClosed:
-    """Read until the server closes; the close frame it sent."""
-    async with asyncio.timeout(WAIT):
-        while True:
-            try:
-                await p.recv()
-            except ConnectionClosed as exc:
-                return exc
-
+from tests.support import (
+    MS,
+    WAIT,
+    closed,
+    park_signal,
+    peer,
+    resume_fields,
+    running,
+    settings_for,
+)
 
 # -- S3: heartbeats and worker threads ----------------------------------------------------------
 
