@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,6 +27,7 @@ import yaml
 from catalog.errors import CatalogError
 from catalog.exports import EXPORTERS, catalog_version, tool_info
 from catalog.loader import load_catalog
+from catalog.model import Catalog
 from catalog.visibility import Scope, visible_tools
 from gateway.config import Settings, load_settings
 from protocol.codec import encode_json
@@ -86,13 +88,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_check(args: argparse.Namespace) -> int:
-    """Validate catalog and profiles (SPEC C1, C2); print every issue."""
+def _catalog(args: argparse.Namespace) -> Catalog | None:
+    """The configured catalog, or ``None`` after printing every load issue (SPEC C1)."""
     settings = _settings(args)
     try:
-        catalog = load_catalog(settings.catalog.tools, settings.catalog.profiles)
+        return load_catalog(settings.catalog.tools, settings.catalog.profiles)
     except CatalogError as exc:
         print(exc, file=sys.stderr)
+        return None
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """Validate catalog and profiles (SPEC C1, C2); print every issue."""
+    catalog = _catalog(args)
+    if catalog is None:
         return 1
     print(f"ok: {len(catalog.tools)} tools, {len(catalog.profiles)} profiles")
     return 0
@@ -100,11 +109,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_catalog(args: argparse.Namespace) -> int:
     """Print a profile's catalog in a model-facing format (SPEC C3, C4)."""
-    settings = _settings(args)
-    try:
-        catalog = load_catalog(settings.catalog.tools, settings.catalog.profiles)
-    except CatalogError as exc:
-        print(exc, file=sys.stderr)
+    catalog = _catalog(args)
+    if catalog is None:
         return 1
     if args.profile not in catalog.profiles:
         print(
@@ -201,7 +207,7 @@ def parser() -> argparse.ArgumentParser:
 
     cat = with_config(sub.add_parser("catalog", help="print a profile's catalog (SPEC C4 formats)"))
     cat.add_argument("--profile", required=True)
-    cat.add_argument("--format", choices=FORMATS, default="wire")
+    cat.add_argument("--format", choices=FORMATS, default="wire", help="default: wire")
     cat.add_argument("--context", action="append", default=[], metavar="KEY=VALUE")
     cat.add_argument("--origin", default=None, help="the Origin a browser session would have")
     cat.set_defaults(func=cmd_catalog)
@@ -226,12 +232,17 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``toolbus`` console script."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "client":
-        return _delegate("toolbus.interactive", argv[1:])
-    if argv and argv[0] == "run":
-        return _delegate("toolbus.script", argv[1:])
-    args = parser().parse_args(argv)
-    return int(args.func(args))
+    try:
+        if argv and argv[0] == "client":
+            return _delegate("toolbus.interactive", argv[1:])
+        if argv and argv[0] == "run":
+            return _delegate("toolbus.script", argv[1:])
+        args = parser().parse_args(argv)
+        return int(args.func(args))
+    except BrokenPipeError:
+        # Output piped into `head` and cut short: not an error worth a traceback.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":
