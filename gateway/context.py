@@ -21,8 +21,22 @@ from pathlib import Path
 ProgressFn = Callable[[float | None, str | None], None]
 
 
-def _no_progress(fraction: float | None, message: str | None) -> None:
+def no_progress(fraction: float | None, message: str | None) -> None:
     """Progress sink of calls that are not jobs: progress has nowhere to go."""
+
+
+class ProgressRelay:
+    """A progress sink that can be pointed at a job later (SPEC I14, J2): a sync call
+    promoted to a job keeps the context its handler already holds, so the context's
+    ``progress`` must be able to start reaching the job then."""
+
+    __slots__ = ("target",)
+
+    def __init__(self) -> None:
+        self.target: ProgressFn = no_progress
+
+    def __call__(self, fraction: float | None, message: str | None = None) -> None:
+        self.target(fraction, message)
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +69,7 @@ class ToolContext:
     data_dir: Path
     job_id: str | None = None
     cancelled: threading.Event = field(default_factory=threading.Event)
-    progress: ProgressFn = _no_progress
+    progress: ProgressFn = no_progress
     tenant: str | None = None
 
     @property

@@ -291,6 +291,10 @@ class JobRunner:
         job.last_progress = now
         self._emit(job, m.JobProgress, progress=fraction, message=message)
 
+    def progress_sink(self, job_id: str) -> Callable[[float | None, str | None], None]:
+        """The ``progress(fraction, message)`` function of an active job (SPEC J2, I14)."""
+        return self._progress_sink(self.active[job_id])
+
     def progress_of(self, job_id: str) -> tuple[float | None, str | None]:
         return self._progress.get(job_id, (None, None))
 

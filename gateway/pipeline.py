@@ -29,7 +29,7 @@ from gateway import audit
 from gateway.approvals import Approvals
 from gateway.audit import Outcome
 from gateway.config import CallsConfig, LimitsConfig
-from gateway.context import ToolContext
+from gateway.context import ProgressRelay, ToolContext, no_progress
 from gateway.execute import as_object, run_handler
 from gateway.hooks import CallInfo, PostHook, PreHook, run_post, run_pre
 from gateway.jobs import JobRunner, PostProcess
@@ -195,6 +195,7 @@ class Pipeline:
             tool=tool.name,
             data_dir=self.data_dir,
             tenant=session.tenant,
+            progress=ProgressRelay() if tool.promote_after is not None else no_progress,
         )
         info = CallInfo(
             session.id,
@@ -471,6 +472,8 @@ class Pipeline:
             call.session, tool, call.params, ctx, self._post(info), adopt=work
         )
         call.job_id = job_id
+        if isinstance(ctx.progress, ProgressRelay):
+            ctx.progress.target = self.jobs.progress_sink(job_id)
         message = (
             tool.dispatch_message
             or f"{tool.name} is taking a while; I'll report back when it's done."
