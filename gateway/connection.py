@@ -25,7 +25,7 @@ from gateway.session import Session, TokenBucket
 from protocol import messages as m
 from protocol.codec import encode, encode_json
 from protocol.errors import CloseCode, ErrorCode, ProtocolError, StateError, close_reason
-from protocol.session import Connection, Ignored
+from protocol.session import Connection, Ignored, State
 from protocol.version import SUBPROTOCOL_V1
 
 if TYPE_CHECKING:
@@ -72,6 +72,8 @@ class Handler:
         self.session: Session | None = None
         self.log: logging.LoggerAdapter[logging.Logger] = logging.LoggerAdapter(logger, {})
         self._closing: asyncio.Task[None] | None = None
+        self._debug = logger.isEnabledFor(logging.DEBUG)
+        """Cached once per connection: the receive loop is the hot path (STYLE.md)."""
 
     def _on_overflow(self) -> None:
         self.gw.metrics.closes.labels(str(int(CloseCode.TRY_AGAIN_LATER))).inc()
@@ -142,8 +144,10 @@ class Handler:
                 if not self._protocol_error(received):
                     return
                 continue
+            if self._debug:
+                self.log.debug("received %s", received.type)  # the type only, never payloads
             getattr(self, self.TABLE[received.type])(received)
-            if self.state.state.value == "closing":
+            if self.state.state is State.CLOSING:
                 return
 
     def _protocol_error(self, error: ProtocolError) -> bool:
