@@ -128,6 +128,9 @@ class SessionsConfig(_Section):
     """Seconds a disconnected session stays resumable (SPEC D2, D3)."""
     max_unacked_events: int = 10_000
     """Unacknowledged events kept per session; older ones are dropped (SPEC D2)."""
+    max_call_records: int = 10_000
+    """Finished calls per session whose outcome is kept for idempotent re-sends (SPEC
+    I12); an older call_id re-sent is a new call."""
 
 
 class LogConfig(_Section):

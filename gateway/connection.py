@@ -120,6 +120,14 @@ class Handler:
             self._fail(received, received.close or CloseCode.POLICY_VIOLATION)
             return False
         assert isinstance(received, m.Hello)
+        if self.gw.draining:
+            # SPEC S4: a hello that arrives during a drain starts nothing here.
+            hint = m.Reconnect(
+                reason="server restart", retry_after=self.gw.settings.server.drain_retry_after
+            )
+            self.link.push(encode(hint))
+            self._flush_and_close(CloseCode.SERVICE_RESTART, "server restart")
+            return False
         try:
             self._open(received)
         except Refused as refusal:

@@ -80,6 +80,9 @@ class Link:
         self._queued_bytes = 0
         self._wakeup = asyncio.Event()
         self._busy = False
+        self._idle = asyncio.Event()
+        """Set while nothing is queued and the writer waits: all pushed frames are out."""
+        self._idle.set()
         self._task = asyncio.get_running_loop().create_task(self._drain())
         self.closer: asyncio.Task[None] | None = None
         """The task sending the close :meth:`close` started; the connection handler awaits
@@ -101,6 +104,7 @@ class Link:
         """
         if self.closed or self._send_now(frames):
             return
+        self._idle.clear()
         self._queue.extend(frames)
         self._queued_bytes += sum(len(data) for data in frames)
         if self._backlog() > self.max_bytes:
@@ -118,6 +122,8 @@ class Link:
         ws = self.ws
         if self._busy or self._queue or ws.protocol.state is not State.OPEN:
             return False
+        if ws.transport.is_closing():
+            return False
         if ws.transport.get_write_buffer_size():
             return False
         for data in frames:
@@ -129,6 +135,7 @@ class Link:
         """Queue a replay of logged events (SPEC D3); frames pushed later follow it."""
         if self.closed:
             return
+        self._idle.clear()
         self._queue.append(replay)
         self._wakeup.set()
 
@@ -146,17 +153,21 @@ class Link:
         self._task.cancel()
         self.closer = asyncio.get_running_loop().create_task(self._close(code, reason))
 
-    async def flush_and_close(self, code: CloseCode, reason: str) -> None:
-        """Send what is queued, then close with ``code`` (SPEC S4 drain)."""
+    async def flush_and_close(self, code: CloseCode, reason: str, grace: float = 5.0) -> None:
+        """Let the writer send what is queued, in order, then close with ``code``.
+
+        Frames pushed from now on are dropped. The writer task alone sends, so a replay
+        under way is finished before anything queued behind it (SPEC D1, D3). A peer
+        that does not read within ``grace`` seconds is closed anyway: what it missed is
+        in the log, and replay gives it back on resume.
+        """
         if self.closed:
             return
         self.closed = True
-        try:
-            while self._queue:
-                if not await self._send(self._queue.popleft()):
-                    break
-        except ConnectionClosed:
-            pass
+        self._wakeup.set()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(grace):
+                await self._idle.wait()
         self._task.cancel()
         await self._close(code, reason)
 
@@ -220,15 +231,19 @@ class Link:
         try:
             while True:
                 self._busy = False
+                if not queue:
+                    self._idle.set()
                 await self._wakeup.wait()
                 self._wakeup.clear()
                 self._busy = True
                 while queue:
                     if not await self._send(queue.popleft()):
+                        self._idle.set()
                         self.close(CloseCode.TRY_AGAIN_LATER, "replay history no longer available")
                         return
         except ConnectionClosed:
             self.closed = True
+            self._idle.set()
 
 
 class Outbox:

@@ -59,6 +59,8 @@ class Call:
     approval: dict[str, Any] | None = None
     job_id: str | None = None
     cancel_requested: bool = False
+    approval_id: str | None = None
+    """The approval this call waits on, while it waits."""
     audit_extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -154,6 +156,12 @@ class Pipeline:
         if task is None or call is None:
             return False
         call.cancel_requested = True
+        if call.approval_id is not None:
+            # SPEC A4: settled now, so a confirm in the same batch of frames finds it
+            # decided (cancelled) instead of allowing a call that is being cancelled.
+            self.approvals.settle(
+                call.approval_id, m.Resolution.DENIED, m.ResolutionReason.CANCELLED
+            )
         task.cancel()
         return True
 
@@ -316,6 +324,7 @@ class Pipeline:
             session.id, session.user, call.call_id, tool.name, call.params
         )
         session.pending_approvals.add(approval.approval_id)
+        call.approval_id = approval.approval_id
         note = encode_json({"tool": tool.name, "approval_id": approval.approval_id})
         session.store.stage_call(session.id, call.call_id, "running", note)
         self.metrics.pending_approvals.inc()
@@ -350,6 +359,11 @@ class Pipeline:
         """SPEC A6: the resolution is an event in the log and part of the audit record."""
         session = call.session
         session.pending_approvals.discard(approval_id)
+        call.approval_id = None
+        # The recovery note no longer names the approval: it is settled (SPEC A3/A6: a
+        # restart must not resolve it a second time).
+        note = encode_json({"tool": tool.name})
+        session.store.stage_call(session.id, call.call_id, "running", note)
         self.metrics.pending_approvals.dec()
         call.approval = {
             "approval_id": approval_id,
@@ -494,10 +508,9 @@ class Pipeline:
         session = call.session
         if call.call_id in session.done_calls:
             return
-        session.done_calls.add(call.call_id)
+        session.done_calls[call.call_id] = None  # before emit: a second finish is refused
         body = session.emit(cls, call_id=call.call_id, tool=call.tool_name, **fields)
-        if not session.ended:
-            session.store.stage_call(session.id, call.call_id, "done", body)
+        session.call_done(call.call_id, body)
         elapsed = time.perf_counter() - call.started
         self.metrics.invocation(
             outcome.value, call.tool.mode.value if call.tool else "none", elapsed

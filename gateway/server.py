@@ -43,7 +43,7 @@ from gateway.session import Session, SessionTable
 from gateway.store import SqliteStore, Store
 from gateway.wsconn import CoalescingConnection
 from protocol import messages as m
-from protocol.codec import decode_json
+from protocol.codec import decode_json, encode
 from protocol.errors import CloseCode, ErrorCode
 from protocol.version import SUPPORTED, negotiate, refusal_reason
 
@@ -144,6 +144,10 @@ class Gateway:
         self.server: Server | None = None
         self.port = 0
         self.ready = False
+        self.draining = False
+        """Set once :meth:`drain` began: no new session may start (SPEC S4)."""
+        self.handlers: set[Handler] = set()
+        """Every open socket's handler, sessions or not."""
         self._files = {
             f.name: (f.read_bytes(), _STATIC_TYPES.get(f.suffix, "application/octet-stream"))
             for f in STATIC_DIR.iterdir()
@@ -162,6 +166,7 @@ class Gateway:
             self.settings.sessions.resume_window,
             self.settings.sessions.max_unacked_events,
             self._on_session_end,
+            self.settings.sessions.max_call_records,
         )
         self.approvals = Approvals(self.settings.calls.approval_timeout, self.clock)
         self.jobs = JobRunner(self.store, self.settings.jobs, self.metrics, self.pool, self.clock)
@@ -239,8 +244,7 @@ class Gateway:
             code=ErrorCode.CANCELLED,
             message="the server restarted while this call ran",
         )
-        session.done_calls.add(call_id)
-        self.store.stage_call(session_id, call_id, "done", body)
+        session.call_done(call_id, body)
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -298,23 +302,25 @@ class Gateway:
         if self.server is None or self._drained:
             return
         self._drained = True
+        self.draining = True
         self.server.close(close_connections=False)
         for task in self._tasks:
             task.cancel()
         await self.jobs.shutdown()
-        hint = m.Reconnect(
-            reason="server restart", retry_after=self.settings.server.drain_retry_after
+        # Every socket, with a session or still before hello, gets the hint behind what
+        # is already queued for it, then 1012. A hello arriving now is turned away the
+        # same way (Handler._handshake checks `draining`).
+        self.outbox.flush()
+        hint = encode(
+            m.Reconnect(reason="server restart", retry_after=self.settings.server.drain_retry_after)
         )
         closing = []
-        for session in list(self.sessions.sessions.values()):
-            if session.link is not None:
-                session.reply(hint)
-        self.outbox.flush()
-        for session in list(self.sessions.sessions.values()):
-            link = session.link
-            if link is not None:
-                self.metrics.closes.labels(str(int(CloseCode.SERVICE_RESTART))).inc()
-                closing.append(link.flush_and_close(CloseCode.SERVICE_RESTART, "server restart"))
+        for handler in list(self.handlers):
+            handler.link.push(hint)
+            self.metrics.closes.labels(str(int(CloseCode.SERVICE_RESTART))).inc()
+            closing.append(
+                handler.link.flush_and_close(CloseCode.SERVICE_RESTART, "server restart")
+            )
         await asyncio.gather(*closing, return_exceptions=True)
         await self.server.wait_closed()
         self.outbox.close()
@@ -337,7 +343,12 @@ class Gateway:
     # -- the socket ------------------------------------------------------------------------
 
     async def _handle(self, ws: ServerConnection) -> None:
-        await Handler(self, ws).serve()
+        handler = Handler(self, ws)
+        self.handlers.add(handler)
+        try:
+            await handler.serve()
+        finally:
+            self.handlers.discard(handler)
 
     def _allowed_origins(self) -> set[str]:
         if self.settings.server.origins:

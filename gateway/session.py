@@ -72,7 +72,10 @@ class Session:
     catalog_version: str | None = None
     catalog_names: frozenset[str] = frozenset()
     inflight: dict[str, asyncio.Task[None]] = field(default_factory=dict)
-    done_calls: set[str] = field(default_factory=set)
+    done_calls: dict[str, None] = field(default_factory=dict)
+    """Finished call ids, oldest first, for idempotent re-sends (SPEC I12); bounded by
+    ``max_call_records``."""
+    max_call_records: int = 10_000
     pending_approvals: set[str] = field(default_factory=set)
     ended: bool = False
     _expiry: asyncio.TimerHandle | None = None
@@ -112,6 +115,22 @@ class Session:
     def reply(self, message: BaseModel) -> None:
         """Queue a non-durable reply; it is not logged and not replayed."""
         self.outbox.put(self, encode(message))
+
+    def call_done(self, call_id: str, body: bytes) -> None:
+        """Record a finished call and its terminal event for re-sends (SPEC I12).
+
+        The record is kept for the session's last ``max_call_records`` calls: an older
+        ``call_id`` re-sent is a new call. The window keeps a long-lived session's memory
+        and store bounded.
+        """
+        self.done_calls[call_id] = None
+        if self.ended:
+            return
+        self.store.stage_call(self.id, call_id, "done", body)
+        while len(self.done_calls) > self.max_call_records:
+            oldest = next(iter(self.done_calls))
+            del self.done_calls[oldest]
+            self.store.stage_forget_call(self.id, oldest)
 
     def ack(self, seq: int) -> None:
         """Cumulative acknowledgement (SPEC D2): events up to ``seq`` may be trimmed."""
@@ -167,11 +186,13 @@ class SessionTable:
         resume_window: float,
         max_unacked: int,
         on_end: Callable[[Session], None],
+        max_call_records: int = 10_000,
     ) -> None:
         self.store = store
         self.outbox = outbox
         self.resume_window = resume_window
         self.max_unacked = max_unacked
+        self.max_call_records = max_call_records
         self._on_end = on_end
         self.sessions: dict[str, Session] = {}
         self._per_user: dict[tuple[str | None, str], int] = {}
@@ -210,6 +231,7 @@ class SessionTable:
             store=self.store,
             outbox=self.outbox,
             max_unacked=self.max_unacked,
+            max_call_records=self.max_call_records,
         )
         self._add(session)
         session.save()
@@ -234,9 +256,10 @@ class SessionTable:
             store=self.store,
             outbox=self.outbox,
             max_unacked=self.max_unacked,
+            max_call_records=self.max_call_records,
             catalog_version=row.catalog_version,
         )
-        session.done_calls.update(self.store.done_call_ids(row.session_id))
+        session.done_calls.update(dict.fromkeys(self.store.done_call_ids(row.session_id)))
         self._add(session)
         return session
 

@@ -85,6 +85,9 @@ class Store(Protocol):
         """Stage a call's state: ``running`` with a JSON note (tool, pending approval id)
         for recovery, or ``done`` with its terminal event bytes (SPEC I12)."""
 
+    def stage_forget_call(self, session_id: str, call_id: str) -> None:
+        """Stage the removal of a call's record (it left the idempotency window, I12)."""
+
     def stage_job(self, row: JobRow) -> None:
         """Stage an insert-or-replace of a job row (SPEC J5: before its event is sent)."""
 
@@ -125,6 +128,10 @@ class Store(Protocol):
 
     def close(self) -> None: ...
 
+
+WAL_PAGES = 16_384
+"""WAL size, in pages of 4 KiB (64 MiB), past which a commit checkpoints inline and the
+file is truncated back after the WAL restarts."""
 
 # Events and calls are rowid tables plus an index, not tables clustered by session
 # (WITHOUT ROWID): rows then append to the table's last page and only the small index
@@ -200,12 +207,17 @@ class SqliteStore:
         if str(path) != ":memory:":
             # Checkpoints (which fsync) leave the event loop for a thread of their own;
             # they were a third of the commit cost when SQLite ran them inline.
-            self._db.execute("PRAGMA wal_autocheckpoint=0")
+            # The thread's PASSIVE checkpoints cannot restart the WAL while writes keep
+            # landing; a rare inline checkpoint, run between two commits, can. By then the
+            # thread has copied most frames, so it is cheap, and the WAL stays bounded.
+            self._db.execute(f"PRAGMA wal_autocheckpoint={WAL_PAGES}")
+            self._db.execute(f"PRAGMA journal_size_limit={WAL_PAGES * 4096}")
             self._checkpointer = _Checkpointer(str(path), checkpoint_interval)
         self._events: list[tuple[str, int, bytes]] = []
         self._sessions: dict[str, SessionRow] = {}
         self._seqs: dict[str, tuple[int, int, int]] = {}
         self._calls: dict[tuple[str, str], tuple[str, str, str, bytes | None]] = {}
+        self._forget: list[tuple[str, str]] = []
         self._jobs: dict[str, JobRow] = {}
 
     # -- staging ---------------------------------------------------------------------
@@ -224,13 +236,24 @@ class SqliteStore:
         # Keyed: a call that starts and ends within one tick is written once.
         self._calls[(session_id, call_id)] = (session_id, call_id, state, body)
 
+    def stage_forget_call(self, session_id: str, call_id: str) -> None:
+        self._calls.pop((session_id, call_id), None)
+        self._forget.append((session_id, call_id))
+
     def stage_job(self, row: JobRow) -> None:
         self._jobs[row.job_id] = row
 
     @property
     def dirty(self) -> bool:
         """Whether anything is staged and not yet committed."""
-        return bool(self._events or self._sessions or self._seqs or self._calls or self._jobs)
+        return bool(
+            self._events
+            or self._sessions
+            or self._seqs
+            or self._calls
+            or self._jobs
+            or self._forget
+        )
 
     def commit(self) -> None:
         if not self.dirty:
@@ -254,6 +277,8 @@ class SqliteStore:
                     "VALUES (?,?,?,?)",
                     self._calls.values(),
                 )
+            if self._forget:
+                db.executemany("DELETE FROM calls WHERE session_id=? AND call_id=?", self._forget)
             if self._seqs:
                 self._commit_seqs(db)
             if self._jobs:
@@ -266,7 +291,7 @@ class SqliteStore:
             db.execute("ROLLBACK")
             raise
         finally:
-            self._events, self._calls = [], {}
+            self._events, self._calls, self._forget = [], {}, []
             self._sessions, self._seqs, self._jobs = {}, {}, {}
 
     def _commit_seqs(self, db: sqlite3.Connection) -> None:
@@ -311,7 +336,8 @@ class SqliteStore:
 
     def done_call_ids(self, session_id: str) -> list[str]:
         cur = self._db.execute(
-            "SELECT call_id FROM calls WHERE session_id=? AND state='done'", (session_id,)
+            "SELECT call_id FROM calls WHERE session_id=? AND state='done' ORDER BY id",
+            (session_id,),
         )
         return [row[0] for row in cur]
 

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
+import orjson
 import pytest
 
 from gateway.server import Gateway
-from tests.support import WAIT, closed, peer, running, settings_for
+from tests.gateway import tools_for_tests as tt
+from tests.support import WAIT, closed, peer, resume_fields, running, sequenced, settings_for
 
 
 @pytest.mark.parametrize(
@@ -149,3 +152,103 @@ async def test_bad_last_seq_leaves_the_session_alone(gateway: Gateway) -> None:
     async with peer(gateway, last_seq=start["seq"], **ids) as right:
         assert right.welcome["resumed"] is True
         assert gateway.approvals.pending.keys() == {start["approval_id"]}
+
+
+async def test_cancel_then_confirm_in_one_write_cannot_allow(tmp_path: Path) -> None:
+    """SPEC A4/A3: call.cancel settles the approval at once (cancelled); a confirm in the
+    same batch of frames is not accepted, and the call ends cancelled."""
+    async with tt.serve(tmp_path) as gw, peer(gw, options={"confirm_tool_calls": True}) as p:
+        await p.invoke("c1", "echo", {"note": "x"})
+        start = await p.expect("tool_start", call_id="c1")
+        cancel = {"type": "call.cancel", "id": "k", "call_id": "c1"}
+        confirm = {
+            "type": "tool.confirm",
+            "id": "y",
+            "approval_id": start["approval_id"],
+            "decision": "allow",
+        }
+        # Two frames in one TCP write: the server reads both in the same loop turn.
+        p.ws.protocol.send_text(orjson.dumps(cancel))
+        p.ws.protocol.send_text(orjson.dumps(confirm))
+        p.ws.send_data()
+        answer = await p.expect("confirm.result", id="y")
+        assert (answer["accepted"], answer["reason"]) == (False, "already_decided")
+        resolved = await p.expect("tool.resolved", call_id="c1")
+        assert (resolved["resolution"], resolved["reason"]) == ("denied", "cancelled")
+        assert (await p.terminal("c1"))["code"] == "cancelled"
+        assert tt.STATE.calls["echo"] == 0
+
+
+async def test_restart_does_not_resolve_an_allowed_approval_twice(tmp_path: Path) -> None:
+    """SPEC A3/A6: an approval allowed before a restart keeps its one resolution; the call
+    that was running ends cancelled without a second, contradictory tool.resolved."""
+    tt.reset()
+    settings = settings_for(tmp_path, catalog=tt.write_catalog(tmp_path))
+    async with running(settings) as gw, peer(gw, options={"confirm_tool_calls": True}) as p:
+        await p.invoke("b1", "blocking", {})
+        start = await p.expect("tool_start", call_id="b1")
+        await p.send(
+            {"type": "tool.confirm", "approval_id": start["approval_id"], "decision": "allow"}
+        )
+        allowed = await p.expect("tool.resolved", call_id="b1")
+        await tt.wait_thread_event(tt.STATE.started)
+        fields = resume_fields(p, allowed["seq"])
+    tt.STATE.release.set()
+    async with running(settings) as gw, peer(gw, **fields) as q:
+        assert q.welcome["resumed"] is True
+        ended = await q.terminal("b1")
+        assert (ended["type"], ended["code"]) == ("call.error", "cancelled")
+        assert [m for m in q.seen if m["type"] == "tool.resolved"] == []
+
+
+async def test_drain_during_replay_keeps_order(tmp_path: Path) -> None:
+    """SPEC S4/D1/D3: a drain while a long replay is still being written sends the rest of
+    the replay, then the live events, then reconnect, then 1012: gap-free, nothing skipped."""
+    settings = settings_for(tmp_path, limits={"invoke_rate": 1e6, "invoke_burst": 10**6})
+    async with running(settings) as gw:
+        async with peer(gw) as p:
+            # More events than one replay page (256), so the writer is still inside the
+            # replay, between pages, when the drain comes.
+            for i in range(300):
+                await p.invoke(f"n{i}", "notes_create", {"title": f"t{i}", "body": "z" * 40_000})
+                await p.terminal(f"n{i}")
+            fields = resume_fields(p, 1)
+            p.ws.transport.abort()
+        finished = asyncio.Event()
+        finish = gw.pipeline._finish
+
+        def finishing(call: Any, *args: Any, **kwargs: Any) -> None:
+            finish(call, *args, **kwargs)
+            if call.call_id == "live2":
+                finished.set()
+
+        gw.pipeline._finish = finishing  # type: ignore[method-assign]
+        async with peer(gw, **fields) as q:
+            q.ws.transport.pause_reading()  # the replay backs up in the server's writer
+            for i in range(3):
+                await q.invoke(f"live{i}", "clock_now", {"timezone": "UTC"})
+            async with asyncio.timeout(WAIT):
+                await finished.wait()  # live results now queue behind the replay
+            [handler] = [h for h in gw.handlers if h.session is not None]
+            reached = asyncio.Event()
+            flush_and_close = handler.link.flush_and_close
+
+            async def flushing(*args: Any, **kwargs: Any) -> None:
+                reached.set()
+                await flush_and_close(*args, **kwargs)
+
+            handler.link.flush_and_close = flushing  # type: ignore[method-assign]
+            draining = asyncio.ensure_future(gw.drain())
+            async with asyncio.timeout(WAIT):
+                await reached.wait()
+            q.ws.transport.resume_reading()
+            exc = await closed(q)
+            await draining
+    assert exc.rcvd is not None
+    assert exc.rcvd.code == 1012
+    kinds = [m["type"] for m in q.seen]
+    assert kinds[-1] == "reconnect"
+    seqs = sequenced(q.seen)
+    assert seqs == list(range(2, seqs[-1] + 1))
+    live = [m for m in q.seen if m["type"] == "result" and m["call_id"].startswith("live")]
+    assert len(live) == 3

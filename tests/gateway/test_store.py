@@ -1,0 +1,50 @@
+"""The SQLite store: bounded WAL, bounded call records (SPEC D1-D3, I12)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gateway import store as store_module
+from gateway.store import SqliteStore
+from tests.support import peer, running, settings_for
+
+
+def test_wal_stays_bounded_under_sustained_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SPEC D1: commits keep coming, yet the WAL file does not grow without bound."""
+    monkeypatch.setattr(store_module, "WAL_PAGES", 256)  # 1 MiB instead of 64 MiB
+    store = SqliteStore(tmp_path / "db.sqlite", checkpoint_interval=3600)
+    body = b"x" * 4000
+    for seq in range(1, 5001):  # about 20 MB of events, one commit per event
+        store.stage_event("s1", seq, body)
+        store.commit()
+    wal = tmp_path / "db.sqlite-wal"
+    assert wal.stat().st_size <= 4 * 256 * 4096
+    assert [seq for seq, _ in store.events_after("s1", 4998)] == [4999, 5000]
+    store.close()
+
+
+async def test_call_records_window(tmp_path: Path) -> None:
+    """SPEC I12: the last max_call_records outcomes are re-sent as recorded; an older
+    call_id re-sent is a new call, and its old record is gone from the store."""
+    settings = settings_for(tmp_path, sessions={"max_call_records": 3})
+    params = {"timezone": "UTC"}
+    async with running(settings) as gw, peer(gw) as p:
+        terminals = {}
+        for i in range(5):
+            await p.invoke(f"c{i}", "clock_now", params)
+            terminals[f"c{i}"] = await p.terminal(f"c{i}")
+        await p.invoke("c4", "clock_now", params)
+        assert await p.terminal("c4") == terminals["c4"]
+        await p.invoke("c0", "clock_now", params)
+        again = await p.terminal("c0")
+        assert again["seq"] > terminals["c4"]["seq"]
+        session = gw.sessions.get(p.welcome["session_id"])
+        assert session is not None
+        assert list(session.done_calls) == ["c3", "c4", "c0"]
+        gw.outbox.flush()
+        assert gw.store.call(session.id, "c1") is None
+        assert gw.store.done_call_ids(session.id) == ["c3", "c4", "c0"]
