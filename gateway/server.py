@@ -193,24 +193,13 @@ class Gateway:
     def _recover(self) -> None:
         """Bring stored sessions back after a restart, parked (SPEC D3, J5)."""
         now = self.clock()
-        window = self.settings.sessions.resume_window
         for row in self.store.all_sessions():
             if row.expires_at is not None and row.expires_at < now:
                 self.store.delete_session(row.session_id)
                 continue
-            session = self.sessions.adopt(
-                row, self.catalog.current.profile(row.profile), self.bucket()
-            )
+            profile = self.catalog.current.profile(row.profile)
+            session = self.sessions.adopt(row, profile, self.bucket(), now)
             session.catalog_names = self.catalog.view(session)[2]
-            session.link = None
-            expires = row.expires_at if row.expires_at is not None else now + window
-            session.expires_at = None
-            # park() needs a link to detach; a restarted session has none, so set the timer here.
-            session.expires_at = expires
-            session.save()
-            session._expiry = asyncio.get_running_loop().call_later(
-                max(0.0, expires - now), self.sessions.end, session
-            )
         for session_id, call_id, note in self.store.running_calls():
             self._interrupt_call(session_id, call_id, decode_json(note) if note else {})
         count = self.jobs.recover(self.sessions.sessions, self.pipeline.rerun_plan)

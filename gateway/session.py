@@ -237,8 +237,14 @@ class SessionTable:
         session.save()
         return session, resume_token
 
-    def adopt(self, row: SessionRow, profile: Profile, bucket: TokenBucket) -> Session:
-        """Bring a stored session back into memory (after a restart), parked."""
+    def adopt(
+        self, row: SessionRow, profile: Profile, bucket: TokenBucket, now_wall: float
+    ) -> Session:
+        """Bring a stored session back into memory after a restart, parked (SPEC D3).
+
+        Its resume window is the stored one; a session that had a socket when the
+        process stopped gets a fresh window from ``now_wall`` (Unix seconds).
+        """
         session = Session(
             id=row.session_id,
             token_hash=row.token_hash,
@@ -261,6 +267,12 @@ class SessionTable:
         )
         session.done_calls.update(dict.fromkeys(self.store.done_call_ids(row.session_id)))
         self._add(session)
+        expires = row.expires_at if row.expires_at is not None else now_wall + self.resume_window
+        session.expires_at = expires
+        session.save()
+        session._expiry = asyncio.get_running_loop().call_later(
+            max(0.0, expires - now_wall), self.end, session
+        )
         return session
 
     def _add(self, session: Session) -> None:
