@@ -2,7 +2,8 @@
 the reconnect backoff policy (SPEC K1).
 
 None of these does I/O by itself: actions (``allow()``, ``cancel()``) go through the
-:class:`~toolbus.client.Client` that created them.
+:class:`~toolbus.client.Client` that created them (typed as its
+:class:`~toolbus.client_base.ClientBase` layer, which holds the requests they send).
 """
 
 # ASYNC109: ``timeout=`` arguments are the API (SPEC K1), applied with asyncio.timeout().
@@ -20,7 +21,7 @@ from protocol import messages as m
 from toolbus.errors import RequestTimeout
 
 if TYPE_CHECKING:
-    from toolbus.client import Client
+    from toolbus.client_base import ClientBase
 
 T = TypeVar("T")
 
@@ -137,7 +138,7 @@ class JobHandle:
         progress: the latest ``(fraction, message)`` reported, or ``None``.
     """
 
-    def __init__(self, client: Client, dispatched: m.Dispatched) -> None:
+    def __init__(self, client: ClientBase, dispatched: m.Dispatched) -> None:
         self._client = client
         self.dispatched = dispatched
         self.job_id = dispatched.job_id
@@ -201,7 +202,7 @@ class ApprovalRequest:
         resolution: the ``tool.resolved`` event once settled, else ``None``.
     """
 
-    def __init__(self, client: Client, start: m.ToolStart) -> None:
+    def __init__(self, client: ClientBase, start: m.ToolStart) -> None:
         assert start.approval_id is not None
         self._client = client
         self.event = start
