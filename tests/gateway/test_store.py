@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from gateway import store as store_module
-from gateway.store import SqliteStore
+from gateway.store import JobRow, SessionRow, SqliteStore
 from tests.support import peer, running, settings_for
 
 
@@ -48,3 +48,51 @@ async def test_call_records_window(tmp_path: Path) -> None:
         gw.outbox.flush()
         assert gw.store.call(session.id, "c1") is None
         assert gw.store.done_call_ids(session.id) == ["c3", "c4", "c0"]
+
+
+def _job(job_id: str, finished_at: float | None) -> JobRow:
+    state = "done" if finished_at is not None else "running"
+    return JobRow(
+        job_id,
+        "report",
+        state,
+        "s1",
+        "alice",
+        None,
+        "demo",
+        None,
+        {},
+        {},
+        0.0,
+        0.0,
+        finished_at,
+        None,
+        [],
+        None,
+        None,
+    )
+
+
+def _session(session_id: str, expires_at: float | None) -> SessionRow:
+    return SessionRow(
+        session_id, "h", "alice", None, "demo", {}, {}, [], 0, 0, 0, 0.0, expires_at, None
+    )
+
+
+def test_purge_keeps_jobs_for_their_retention_and_drops_expired_sessions(tmp_path: Path) -> None:
+    """SPEC D2: finished jobs stay readable for the retention (7 days by default); running
+    jobs and live sessions are never purged; sessions past their resume window are."""
+    store = SqliteStore(tmp_path / "db.sqlite")
+    day = 24 * 3600.0
+    now = 100 * day
+    for job in (_job("old", now - 8 * day), _job("recent", now - 6 * day), _job("live", None)):
+        store.stage_job(job)
+    for row in (_session("expired", now - 1), _session("parked", now + 60), _session("live", None)):
+        store.stage_session(row)
+    store.stage_event("expired", 1, b"{}")
+    store.commit()
+    store.purge(now, 7 * day)
+    assert [store.job(j) is not None for j in ("old", "recent", "live")] == [False, True, True]
+    assert sorted(s.session_id for s in store.all_sessions()) == ["live", "parked"]
+    assert store.events_after("expired", 0) == []
+    store.close()
