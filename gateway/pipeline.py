@@ -45,6 +45,17 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("gateway.pipeline")
 
+MAX_VIOLATIONS = 50
+"""Violations listed in one ``invalid_params`` reply (SPEC I4); the message counts all."""
+MAX_VIOLATION_CHARS = 300
+"""Longest violation message sent; longer ones (a list of 2,000 unknown keys) are cut."""
+
+
+def _clip(text: str) -> str:
+    if len(text) <= MAX_VIOLATION_CHARS:
+        return text
+    return text[: MAX_VIOLATION_CHARS - 1] + "…"
+
 
 @dataclass(slots=True)
 class Call:
@@ -285,14 +296,17 @@ class Pipeline:
             return False
         violations = self.catalog.validators[tool.name].validate(call.params)
         if violations:
+            # Every violation up to a bound: a hostile call with thousands of bad keys
+            # gets a reply of bounded size; the message still gives the total.
             wire = [
-                m.Violation(pointer=v.pointer, message=v.message, keyword=v.keyword)
-                for v in violations
+                m.Violation(pointer=v.pointer, message=_clip(v.message), keyword=v.keyword)
+                for v in violations[:MAX_VIOLATIONS]
             ]
+            shown = "" if len(violations) <= MAX_VIOLATIONS else f", first {MAX_VIOLATIONS} listed"
             self._error(
                 call,
                 ErrorCode.INVALID_PARAMS,
-                f"{len(wire)} parameter problem(s)",
+                f"{len(violations)} parameter problem(s){shown}",
                 Outcome.INVALID_PARAMS,
                 violations=wire,
             )

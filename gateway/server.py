@@ -349,7 +349,7 @@ class Gateway:
         url = urlsplit(request.path)
         is_upgrade = "websocket" in request.headers.get("Upgrade", "").lower()
         if not is_upgrade:
-            return self._http(url.path)
+            return self._http_method(request.method, url.path)
         if _CREDENTIAL_PARAMS & {k.lower() for k in parse_qs(url.query)}:
             return connection.respond(
                 http.HTTPStatus.BAD_REQUEST,
@@ -368,6 +368,20 @@ class Gateway:
         if negotiate(offered) is None:
             return connection.respond(http.HTTPStatus.BAD_REQUEST, refusal_reason(offered) + "\n")
         return None
+
+    def _http_method(self, method: str, path: str) -> Response:
+        """GET serves the side routes; HEAD the same without a body (RFC 9110 section
+        9.3.2); anything else is 405 with ``Allow``."""
+        if method == "HEAD":
+            response = self._http(path)
+            return Response(response.status_code, response.reason_phrase, response.headers, b"")
+        if method != "GET":
+            response = _response(
+                http.HTTPStatus.METHOD_NOT_ALLOWED, b"method not allowed\n", "text/plain"
+            )
+            response.headers["Allow"] = "GET, HEAD"
+            return response
+        return self._http(path)
 
     def _http(self, path: str) -> Response:
         """SPEC O2 side routes and the demo console (SPEC K2)."""

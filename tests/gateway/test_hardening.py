@@ -252,3 +252,19 @@ async def test_drain_during_replay_keeps_order(tmp_path: Path) -> None:
     assert seqs == list(range(2, seqs[-1] + 1))
     live = [m for m in q.seen if m["type"] == "result" and m["call_id"].startswith("live")]
     assert len(live) == 3
+
+
+async def test_invalid_params_reply_is_bounded(gateway: Gateway) -> None:
+    """SPEC I4/E2: thousands of violations give one bounded invalid_params reply that still
+    counts them all; a violation naming thousands of keys is cut short."""
+    async with peer(gateway) as p:
+        bad_tags = {"title": "t", "body": "b", "tags": list(range(2000))}
+        await p.invoke("c1", "notes_create", bad_tags)
+        error = await p.terminal("c1")
+        assert error["code"] == "invalid_params"
+        assert len(error["violations"]) == 50
+        assert error["message"] == "2001 parameter problem(s), first 50 listed"
+        await p.invoke("c2", "clock_now", {"timezone": "UTC", **{f"k{i}": i for i in range(2000)}})
+        [violation] = (await p.terminal("c2"))["violations"]
+        assert violation["keyword"] == "additionalProperties"
+        assert len(violation["message"]) == 300

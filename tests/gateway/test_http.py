@@ -81,3 +81,21 @@ async def test_unknown_path_404(gateway: Gateway) -> None:
     """SPEC O2: an unknown plain-HTTP path is 404, not an upgrade error."""
     status, _, body = await http_get(gateway, "/nope")
     assert (status, body) == (404, b"not found\n")
+
+
+async def test_http_methods(gateway: Gateway) -> None:
+    """SPEC O2 (RFC 9110): HEAD answers headers without a body; other methods get 405."""
+    for method, status, body in (
+        (b"HEAD", b"200", b""),
+        (b"POST", b"405", b"method not allowed\n"),
+    ):
+        reader, writer = await asyncio.open_connection("127.0.0.1", gateway.port)
+        writer.write(method + b" /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+        async with asyncio.timeout(WAIT):
+            head = await reader.readuntil(b"\r\n\r\n")
+            rest = await reader.read(len(body)) if body else b""
+        writer.close()
+        assert head.split(b" ")[1] == status
+        assert rest == body
+        if method == b"POST":
+            assert b"Allow: GET, HEAD" in head
