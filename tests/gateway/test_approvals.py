@@ -58,7 +58,8 @@ def accepted(rid: str, approval_id: str) -> dict[str, Any]:
 
 
 async def test_a1_requires_approval_gates_the_call(tmp_path: Path) -> None:
-    """SPEC A1, A2, A6: a requires_approval call waits; tool_start has approval_id, expires_at."""
+    """SPEC I7, A1, A2, A6: a requires_approval call waits at the gate; tool_start has
+    approval_id, expires_at."""
     async with serve(tmp_path) as gw, peer(gw) as p:
         before = time.time()
         start = await gated_start(p, "c1")
