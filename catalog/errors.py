@@ -11,6 +11,8 @@ Exception tree::
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 
@@ -52,3 +54,15 @@ class CatalogError(Exception):
 
     def __str__(self) -> str:
         return self._render()
+
+
+def unknown_key(key: str, allowed: Iterable[str]) -> str:
+    """The issue text for a misspelt key, with the closest allowed key when one is near.
+
+    Returns:
+        e.g. ``"timout: unknown key (did you mean timeout?); allowed: a, b, ..."``.
+    """
+    names = sorted(allowed)
+    close = difflib.get_close_matches(key, names, n=1)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    return f"{key}: unknown key{hint}; allowed: {', '.join(names)}"

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from catalog.errors import LoadIssue
+from catalog.errors import LoadIssue, unknown_key
 from catalog.model import Profile, ToolDef
 
 FILE_KEYS = frozenset({"profiles", "safe_default"})
@@ -82,7 +82,7 @@ def _parse_profile(doc: ProfilesDoc, name: str, raw: Any) -> None:
     for key, value in raw.items():
         entry = _PARSERS.get(str(key))
         if entry is None:
-            doc.problem(who, f"{key}: unknown key; allowed: {', '.join(sorted(_PARSERS))}")
+            doc.problem(who, unknown_key(key, _PARSERS))
             broken = True
             continue
         try:

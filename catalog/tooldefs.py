@@ -18,6 +18,7 @@ from typing import Any
 
 import jsonschema_rs
 
+from catalog.errors import unknown_key
 from catalog.handlers import HANDLER_PATH, HandlerError, resolve_handler
 from catalog.model import EMPTY_PARAMETERS, Mode, ToolDef, Visibility
 from catalog.params import SchemaError, canonical_json, compiled, json_pointer
@@ -245,7 +246,7 @@ def parse_tool(raw: Any, source: str, index: int, *, resolve_handlers: bool) -> 
     for key, value in raw.items():
         parser = _PARSERS.get(str(key))
         if parser is None:
-            problems.append(f"{key}: unknown key; allowed: {', '.join(sorted(_PARSERS))}")
+            problems.append(unknown_key(key, _PARSERS))
             continue
         try:
             values[str(key)] = parser(value)

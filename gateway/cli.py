@@ -21,7 +21,9 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
+import pydantic
 import yaml
 
 from catalog.errors import CatalogError
@@ -39,8 +41,8 @@ def _settings(args: argparse.Namespace) -> Settings:
     if args.config is not None:
         # Handler modules kept next to the config file import without PYTHONPATH.
         sys.path.insert(0, str(args.config.resolve().parent))
-    overrides: dict[str, object] = {}
-    server: dict[str, object] = {}
+    overrides: dict[str, Any] = {}
+    server: dict[str, Any] = {}
     if getattr(args, "host", None):
         server["host"] = args.host
     if getattr(args, "port", None) is not None:
@@ -49,7 +51,22 @@ def _settings(args: argparse.Namespace) -> Settings:
         overrides["server"] = server
     if getattr(args, "data_dir", None):
         overrides["data_dir"] = args.data_dir
-    return load_settings(args.config, **overrides)
+    where = str(args.config) if args.config is not None else "configuration"
+    try:
+        return load_settings(args.config, **overrides)
+    except FileNotFoundError as exc:
+        raise ConfigError(f"{where}: no such file") from exc
+    except pydantic.ValidationError as exc:
+        lines = [f"{where}: {len(exc.errors())} problem(s):"]
+        for error in exc.errors(include_url=False):
+            key = ".".join(str(part) for part in error["loc"])
+            message = "unknown key" if error["type"] == "extra_forbidden" else error["msg"]
+            lines.append(f"  {key}: {message}")
+        raise ConfigError("\n".join(lines)) from exc
+
+
+class ConfigError(Exception):
+    """The configuration cannot be used; the message names the file and each key (O4)."""
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -80,7 +97,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(
             f"toolbus serving on ws://{host}:{gateway.port}/  (subprotocol toolbus.v1)", flush=True
         )
-        print(f"demo console: http://{host}:{gateway.port}/", flush=True)
+        print(f"console: http://{host}:{gateway.port}/", flush=True)
         for line in banner:
             print(line, flush=True)
 
@@ -103,7 +120,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     catalog = _catalog(args)
     if catalog is None:
         return 1
-    print(f"ok: {len(catalog.tools)} tools, {len(catalog.profiles)} profiles")
+    tools, profiles = len(catalog.tools), len(catalog.profiles)
+    print(f"ok: {tools} tool{'s' * (tools != 1)}, {profiles} profile{'s' * (profiles != 1)}")
     return 0
 
 
@@ -239,6 +257,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _delegate("toolbus.script", argv[1:])
         args = parser().parse_args(argv)
         return int(args.func(args))
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
     except BrokenPipeError:
         # Output piped into `head` and cut short: not an error worth a traceback.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

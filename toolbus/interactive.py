@@ -243,6 +243,9 @@ class Console:
     async def settle(self, wait: float) -> None:
         """Give calls still running up to ``wait`` seconds to answer, then cancel them."""
         if self.tasks:
+            pending = len(self.client.pending_approvals)
+            waiting = f", {pending} awaiting approval" if pending else ""
+            say(f"waiting up to {wait:g} s for {len(self.tasks)} running call(s){waiting}")
             await asyncio.wait(set(self.tasks), timeout=wait)
         for task in list(self.tasks):
             task.cancel()

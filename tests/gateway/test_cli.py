@@ -158,3 +158,14 @@ async def _until_closed(ws: ClientConnection) -> list[str]:
             kinds.append(json.loads(await ws.recv())["type"])
     except ConnectionClosed:
         return kinds
+
+
+def test_config_mistakes_are_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """SPEC O4: a misspelt key in the config file is reported with the file and the key,
+    not as a traceback; exit status 2."""
+    config = tmp_path / "toolbus.yaml"
+    config.write_text("sever: {port: 1}\ncatalog: {tools: []}\n")
+    assert main(["check", "--config", str(config)]) == 2
+    assert capsys.readouterr().err == f"{config}: 1 problem(s):\n  sever: unknown key\n"
+    assert main(["check", "--config", str(tmp_path / "absent.yaml")]) == 2
+    assert capsys.readouterr().err == f"{tmp_path / 'absent.yaml'}: no such file\n"
