@@ -83,7 +83,7 @@ def test_unknown_key_is_refused_with_file_and_tool(write_yaml) -> None:
     path = write_yaml("t.yaml", tool_yaml("    dangerus: true\n"))
     [issue] = issues_of([path])
     assert (issue.file, issue.tool) == (str(path), "bad")
-    assert issue.message.startswith("dangerus: unknown key")
+    assert issue.message.startswith("dangerus: unknown key (did you mean dangerous?); allowed: ")
 
 
 @pytest.mark.parametrize(
