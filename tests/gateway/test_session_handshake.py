@@ -190,10 +190,21 @@ async def test_bearer_header_authenticates_without_hello_token(gateway: Gateway)
         assert welcome["user"] == "bob"
 
 
-@pytest.mark.parametrize("query", ["token=alice-token", "access_token=x", "resume_token=x&a=1"])
+@pytest.mark.parametrize(
+    "query",
+    [
+        "?token=alice-token",
+        "?access_token=x",
+        "?resume_token=x&a=1",
+        "?API_KEY=x",
+        ";token=alice-token",
+        "x;password=y",
+    ],
+)
 async def test_credentials_in_url_query_refused_400(gateway: Gateway, query: str) -> None:
-    """SPEC S2: credentials in the URL query are refused at the upgrade (HTTP 400)."""
-    error = await refused(gateway, gateway.url + "?" + query, subprotocols=["toolbus.v1"])
+    """SPEC S2: credentials in the URL query or path parameters are refused at the upgrade
+    (HTTP 400)."""
+    error = await refused(gateway, gateway.url + query, subprotocols=["toolbus.v1"])
     assert error.response.status_code == 400
     assert b"URL" in error.response.body
     assert not gateway.sessions.sessions
