@@ -1,5 +1,5 @@
 // The toolbus demo console (SPEC K2): catalog, schema-driven invoke form, approval
-// cards, live job feed, log. Everything server-provided is rendered with textContent.
+// cards, "always allow" grants (SPEC A3), live job feed, log. Everything server-provided is rendered with textContent.
 import { ToolbusClient } from "./toolbus.js";
 
 const $ = (sel, root = document) => root.querySelector(sel);
@@ -26,6 +26,7 @@ const ui = {
   connectForm: $("#connect-form"),
   token: $("#token"),
   profile: $("#profile"),
+  confirmCalls: $("#confirm-calls"),
   connect: $("#connect"),
   disconnect: $("#disconnect"),
   state: $("#state"),
@@ -42,6 +43,9 @@ const ui = {
   invokeError: $("#invoke-error"),
   approvals: $("#approvals"),
   approvalCount: $("#approval-count"),
+  grants: $("#grants"),
+  grantCount: $("#grant-count"),
+  grantsEmpty: $("#grants-empty"),
   jobs: $("#jobs"),
   log: $("#log"),
 };
@@ -82,9 +86,11 @@ function renderState(state) {
   ui.state.className = `state state-${state}`;
   const live = state !== "closed";
   ui.connect.disabled = live;
+  ui.confirmCalls.disabled = live; // a hello option: it applies to the next connect
   ui.disconnect.disabled = !live;
   ui.invokeButton.disabled = state !== "open" || !selected;
   $('[data-testid="context-apply"]').disabled = state !== "open";
+  for (const button of ui.grants.querySelectorAll("button")) button.disabled = state !== "open";
 }
 
 function renderSession() {
@@ -97,7 +103,11 @@ ui.connectForm.addEventListener("submit", async (event) => {
   event.preventDefault();
   if (client) client.close({ bye: false });
   clearSession();
-  client = new ToolbusClient({ token: ui.token.value, profile: ui.profile.value.trim() || undefined });
+  client = new ToolbusClient({
+    token: ui.token.value,
+    profile: ui.profile.value.trim() || undefined,
+    confirmToolCalls: ui.confirmCalls.checked,
+  });
   wire(client);
   try {
     const welcome = await client.connect();
@@ -130,6 +140,7 @@ function clearSession() {
   ui.catalogVersion.textContent = "";
   ui.approvals.replaceChildren();
   updateApprovalCount();
+  renderGrants([]);
   renderForm();
 }
 
@@ -139,7 +150,12 @@ function wire(c) {
     renderState(state);
     if (state !== "open") log("state", state);
   });
-  c.on("welcome", (w) => { if (c === client) { renderSession(); if (w.resumed) log("welcome", `resumed session ${w.session_id}`); } });
+  c.on("welcome", (w) => {
+    if (c !== client) return;
+    renderSession();
+    if (w.resumed) log("welcome", `resumed session ${w.session_id}`);
+    refreshGrants(c); // after every connect, resume or resync
+  });
   c.on("message", () => { if (c === client) renderSession(); });
   c.on("resync", async () => {
     if (c !== client) return;
@@ -158,6 +174,9 @@ function wire(c) {
     if (c !== client) return;
     removeApproval(msg.approval_id);
     log("tool.resolved", `${msg.tool}: ${msg.resolution} (${msg.reason}${msg.always ? ", always" : ""})`, { callId: msg.call_id });
+    // An "Always allow" answer: the server records the grant as it resolves the approval
+    // (confirm.result may come first), so list the grants once tool.resolved is here.
+    if (msg.always) refreshGrants(c);
   });
   c.on("tool_start", (msg) => {
     if (c !== client) return;
@@ -391,6 +410,44 @@ function tickExpiry() {
   }
 }
 setInterval(tickExpiry, 1000);
+
+// ------------------------------------------------------------------- grants
+
+let grantsGeneration = 0; // only the latest grants.list answer is rendered
+
+async function refreshGrants(c) {
+  const generation = ++grantsGeneration;
+  try {
+    const granted = await c.grants();
+    if (c === client && generation === grantsGeneration) renderGrants(granted);
+  } catch (err) {
+    if (c === client) log("error", `grants.list: ${err.message}`, { bad: true });
+  }
+}
+
+function renderGrants(granted) {
+  ui.grants.replaceChildren(...granted.map((tool) => {
+    const revoke = el("button", { type: "button", class: "small deny", testid: "grant-revoke", text: "Revoke",
+      title: `Ask again before every ${tool} call`, disabled: !client || client.state !== "open",
+      onclick: async () => {
+        const c = client;
+        revoke.disabled = true;
+        const generation = ++grantsGeneration;
+        try {
+          const remaining = await c.revokeGrant(tool);
+          log("grants.revoke", `${tool}: revoked`);
+          if (c === client && generation === grantsGeneration) renderGrants(remaining);
+        } catch (err) {
+          log("error", `grants.revoke ${tool}: ${err.code}: ${err.message}`, { bad: true });
+          if (c === client) refreshGrants(c);
+        }
+      } });
+    return el("li", { testid: "grant-item", "data-tool": tool },
+      el("span", { class: "mono", testid: "grant-tool", text: tool }), revoke);
+  }));
+  ui.grantCount.textContent = String(granted.length);
+  ui.grantsEmpty.hidden = granted.length > 0;
+}
 
 // ------------------------------------------------------------------- jobs
 

@@ -3,7 +3,8 @@
 Each test starts a real server (tests/support.running) on the test's event loop, loads
 the console from it and drives it through Playwright's auto-waiting expectations.
 Covers: S1/S2 (subprotocol, token in hello), C3 (catalog), I8 (sync result), A2-A6
-(approval card, allow, tool.resolved), I9/J2/J4 (dispatched, progress, job.done),
+(approval card, allow, tool.resolved), A1/A3 (confirm_tool_calls, "always allow"
+grants listed and revoked), I9/J2/J4 (dispatched, progress, job.done),
 D1-D3 (seq dedup, ack, resume after a dropped socket), S4 (drain: reconnect + 1012).
 """
 
@@ -24,11 +25,14 @@ from tests.support import running, settings_for
 pytestmark = pytest.mark.browser
 
 
-async def _connect(page: Page, gateway: Gateway, profile: str = "demo") -> None:
+async def _connect(
+    page: Page, gateway: Gateway, profile: str = "demo", *, confirm_tool_calls: bool = False
+) -> None:
     await page.goto(f"http://127.0.0.1:{gateway.port}/")
     await expect(page.get_by_test_id("conn-state")).to_have_text("closed")
     await page.get_by_test_id("token-input").fill("alice-token")
     await page.get_by_test_id("profile-input").fill(profile)
+    await page.get_by_test_id("confirm-calls-input").set_checked(confirm_tool_calls)
     await page.get_by_test_id("connect-button").click()
     await expect(page.get_by_test_id("conn-state")).to_have_text("open")
 
@@ -151,6 +155,69 @@ async def test_console_deny_and_refused_login(gateway: Gateway, page: Page) -> N
     await expect(
         page.locator('[data-testid="log-entry"][data-kind="error"]').first
     ).to_contain_text("connect failed")
+
+
+async def test_console_confirm_every_call_and_grants(gateway: Gateway, page: Page) -> None:
+    """A1: with confirm_tool_calls an ungated tool asks first; A3: "Always allow" makes a
+    grant, listed in the Grants panel, and revoking it brings the approval card back."""
+    await _connect(page, gateway, confirm_tool_calls=True)
+    await expect(page.get_by_test_id("confirm-calls-input")).to_be_checked()
+    await expect(page.get_by_test_id("confirm-calls-input")).to_be_disabled()  # a hello option
+    grants = page.get_by_test_id("grants-list").get_by_test_id("grant-item")
+    await expect(page.get_by_test_id("grants-empty")).to_be_visible()
+    await expect(grants).to_have_count(0)
+    await expect(page.get_by_test_id("grant-count")).to_have_text("0")
+
+    card = page.get_by_test_id("approval-card")
+    results = page.locator('[data-testid="log-entry"][data-kind="result"]')
+    starts = page.locator('[data-testid="log-entry"][data-kind="tool_start"]')
+    gated = starts.filter(has_text="(awaiting approval)")
+
+    # clock_now is not gated in the demo profile; confirm_tool_calls gates it.
+    await page.get_by_test_id("tool-clock_now").click()
+    await page.get_by_test_id("field-timezone").fill("UTC")
+    await page.get_by_test_id("invoke-button").click()
+    await expect(card).to_have_count(1)
+    await expect(card.get_by_test_id("approval-tool")).to_have_text("clock_now")
+    await expect(card.get_by_test_id("approval-params")).to_contain_text('"timezone": "UTC"')
+    await card.get_by_test_id("approval-always").click()
+    await expect(card).to_have_count(0)
+    await _last_result(page, "clock_now", "result")
+    await expect(
+        page.locator('[data-testid="log-entry"][data-kind="tool.resolved"]')
+    ).to_contain_text("clock_now: allowed (user, always)")
+    # The grant shows up in the panel.
+    await expect(grants).to_have_count(1)
+    await expect(grants.get_by_test_id("grant-tool")).to_have_text("clock_now")
+    await expect(grants.first).to_have_attribute("data-tool", "clock_now")
+    await expect(page.get_by_test_id("grant-count")).to_have_text("1")
+    await expect(page.get_by_test_id("grants-empty")).to_be_hidden()
+
+    # Granted: the next call runs without a card (its tool_start has no approval_id).
+    await page.get_by_test_id("invoke-button").click()
+    await expect(results).to_have_count(2)
+    await expect(starts).to_have_count(2)
+    await expect(gated).to_have_count(1)
+    await expect(card).to_have_count(0)
+    await expect(page.get_by_test_id("approval-count")).to_have_text("0")
+
+    # Revoke: the panel is empty again and the next call asks again.
+    await grants.get_by_test_id("grant-revoke").click()
+    await expect(grants).to_have_count(0)
+    await expect(page.get_by_test_id("grants-empty")).to_be_visible()
+    await expect(page.get_by_test_id("grant-count")).to_have_text("0")
+    await expect(
+        page.locator('[data-testid="log-entry"][data-kind="grants.revoke"]')
+    ).to_contain_text("clock_now: revoked")
+    await page.get_by_test_id("invoke-button").click()
+    await expect(card).to_have_count(1)
+    await expect(card.get_by_test_id("approval-tool")).to_have_text("clock_now")
+    await expect(gated).to_have_count(2)
+    await card.get_by_test_id("approval-allow").click()  # a plain allow makes no grant
+    await expect(card).to_have_count(0)
+    await expect(results).to_have_count(3)
+    assert await page.evaluate("() => window.toolbusConsole.client.grants()") == []
+    assert await page.evaluate("() => window.toolbusConsole.client.confirmToolCalls") is True
 
 
 # A scripted check of the module alone: drop the socket while a job runs, let the job
