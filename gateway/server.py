@@ -449,6 +449,8 @@ async def run(settings: Settings, on_started: Callable[[Gateway], None] | None =
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
+        # Event loops without signal support (Windows) raise NotImplementedError; there
+        # the process stops on KeyboardInterrupt instead, without a drain.
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
     if on_started is not None:
