@@ -54,7 +54,12 @@ def redact(params: Mapping[str, Any], sensitive: Sequence[str], limit: int) -> A
     return raw[:limit].decode(errors="ignore") + "..."
 
 
+def enabled() -> bool:
+    """Whether audit records are wanted: callers skip building them otherwise (hot path)."""
+    return audit_logger.isEnabledFor(logging.INFO)
+
+
 def record(**fields: Any) -> None:
     """Write one audit record (SPEC I11); ``fields`` are JSON values."""
-    if audit_logger.isEnabledFor(logging.INFO):
+    if enabled():
         audit_logger.info("audit", extra={"audit": fields})

@@ -529,17 +529,18 @@ class Pipeline:
         self.metrics.invocation(
             outcome.value, call.tool.mode.value if call.tool else "none", elapsed
         )
-        sensitive = call.tool.sensitive if call.tool else ()
-        audit.record(
-            tool=call.tool_name,
-            outcome=outcome.value,
-            profile=session.profile.name,
-            user=session.user,
-            session=session.id,
-            call_id=call.call_id,
-            duration_ms=round(elapsed * 1000, 3),
-            params=audit.redact(call.params, sensitive, self.calls.audit_param_bytes),
-            approval=call.approval,
-            job_id=call.job_id,
-            code=fields.get("code"),
-        )
+        if audit.enabled():
+            sensitive = call.tool.sensitive if call.tool else ()
+            audit.record(
+                tool=call.tool_name,
+                outcome=outcome.value,
+                profile=session.profile.name,
+                user=session.user,
+                session=session.id,
+                call_id=call.call_id,
+                duration_ms=round(elapsed * 1000, 3),
+                params=audit.redact(call.params, sensitive, self.calls.audit_param_bytes),
+                approval=call.approval,
+                job_id=call.job_id,
+                code=fields.get("code"),
+            )

@@ -38,7 +38,8 @@ class Console:
                     return line
 
 
-async def start(gateway: Gateway, *extra: str) -> Console:
+async def start(gateway: Gateway, *extra: str, token: str = "alice-token") -> Console:
+    """``toolbus client`` as a subprocess with piped stdin, stdout and stderr."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
@@ -46,7 +47,7 @@ async def start(gateway: Gateway, *extra: str) -> Console:
         "toolbus.interactive",
         gateway.url,
         "--token",
-        "alice-token",
+        token,
         "--profile",
         "demo",
         *extra,
@@ -98,19 +99,7 @@ async def test_console_approval_and_job(gateway: Gateway) -> None:
 
 async def test_console_refused(gateway: Gateway) -> None:
     """SPEC S2: a refused hello exits 2 with the reason on stderr."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "toolbus.interactive",
-        gateway.url,
-        "--token",
-        "bad",
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        cwd=ROOT,
-        env=env,
-    )
+    proc = (await start(gateway, token="bad")).proc
     async with asyncio.timeout(WAIT):
         _, err = await proc.communicate()
     assert proc.returncode == 2
