@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 import statistics
 import time
 from typing import Any
@@ -20,7 +21,17 @@ from websockets.asyncio.client import ClientConnection, connect
 from bench.servers import PROFILE, TOKEN
 
 PARAMS = '{"city":"Paris, Ile-de-France","days":3,"units":"metric","include":["wind","rain","uv"]}'
-INVOKE = '{"type":"invoke","id":"r-%07d","call_id":"c-%07d","tool":"%s","params":' + PARAMS + "}"
+INVOKE = '{"type":"invoke","id":"r-%07d","call_id":"%s-%07d","tool":"%s","params":' + PARAMS + "}"
+"""Call ids carry a per-client prefix of fixed length: a call id is a key of the user
+across sessions (SPEC I15), and every bench session is the same user, so counters alone
+would make later sessions replay earlier calls instead of running them."""
+
+
+def call_prefix() -> str:
+    """A fresh 8-character call id prefix for one client (SPEC I15)."""
+    return secrets.token_hex(4)
+
+
 MCP_ARGS = orjson.loads(PARAMS)
 ACK_EVERY = 100
 """The toolbus client acknowledges after this many durable events (SPEC D2)."""
@@ -28,7 +39,7 @@ ACK_EVERY = 100
 
 def message_size(tool: str = "noop") -> int:
     """Bytes of one invoke frame: the floor echoes frames of exactly this size."""
-    return len((INVOKE % (1, 1, tool)).encode())
+    return len((INVOKE % (1, call_prefix(), 1, tool)).encode())
 
 
 async def ws_connect(url: str, subprotocols: list[str] | None = None) -> ClientConnection:
@@ -52,6 +63,7 @@ class FloorClient:
     def __init__(self, ws: ClientConnection) -> None:
         self.ws = ws
         self.n = 0
+        self.prefix = call_prefix()
 
     @classmethod
     async def open(cls, url: str) -> FloorClient:
@@ -59,7 +71,7 @@ class FloorClient:
 
     async def call(self, tool: str = "noop") -> None:
         self.n += 1
-        await self.ws.send(INVOKE % (self.n, self.n, tool))
+        await self.ws.send(INVOKE % (self.n, self.prefix, self.n, tool))
         orjson.loads(await self.ws.recv())
 
     async def close(self) -> None:
@@ -84,6 +96,7 @@ class ToolbusClient:
         self.acked = 0
         self.ack_enabled = ack
         self.n = 0
+        self.prefix = call_prefix()
 
     @classmethod
     async def open(cls, url: str, ack: bool = True, **hello: Any) -> ToolbusClient:
@@ -103,9 +116,9 @@ class ToolbusClient:
 
     async def call(self, tool: str = "noop") -> dict[str, Any]:
         self.n += 1
-        call_id = "c-%07d" % self.n
+        call_id = "%s-%07d" % (self.prefix, self.n)
         ws = self.ws
-        await ws.send(INVOKE % (self.n, self.n, tool))
+        await ws.send(INVOKE % (self.n, self.prefix, self.n, tool))
         while True:
             message = orjson.loads(await ws.recv())
             seq = message.get("seq")
@@ -192,18 +205,24 @@ async def sequential(client: Any, n: int, tool: str = "noop") -> list[float]:
 
 
 async def concurrent(
-    kind: str, url: str, sessions: int, duration: float, barrier: Any = None, tool: str = "noop"
+    kind: str,
+    url: str,
+    sessions: int,
+    duration: float,
+    barrier: Any = None,
+    tool: str = "noop",
+    clients: dict[str, Any] | None = None,
 ) -> dict[str, float]:
     """``sessions`` sessions each calling sequentially for ``duration`` s; calls completed.
 
     With ``barrier`` (a multiprocessing barrier) every client process connects first and
-    the timed part starts together.
+    the timed part starts together. ``clients`` maps ``kind`` to its client class
+    (default :data:`CLIENTS`; :mod:`bench.peers` passes the official clients).
     """
+    factory = (clients or CLIENTS)[kind]
     opened = []
     for i in range(0, sessions, 25):
-        opened += await asyncio.gather(
-            *(CLIENTS[kind].open(url) for _ in range(min(25, sessions - i)))
-        )
+        opened += await asyncio.gather(*(factory.open(url) for _ in range(min(25, sessions - i))))
     if barrier is not None:
         barrier.wait()
     await asyncio.gather(*(c.call(tool) for c in opened))  # warm-up: one call each
@@ -293,8 +312,8 @@ async def job_pushes(
         for _ in range(per_session):
             client.n += 1
             await ws.send(
-                '{"type":"invoke","call_id":"c-%07d","tool":"finish_at","params":{"at":%r}}'
-                % (client.n, at)
+                '{"type":"invoke","call_id":"%s-%07d","tool":"finish_at","params":{"at":%r}}'
+                % (client.prefix, client.n, at)
             )
         done = 0
         while done < per_session:
@@ -330,7 +349,7 @@ async def make_backlog(url: str, invokes: int, window: int = 100) -> tuple[Toolb
         batch = min(window, invokes - sent)
         for _ in range(batch):
             client.n += 1
-            await ws.send(INVOKE % (client.n, client.n, "noop"))
+            await ws.send(INVOKE % (client.n, client.prefix, client.n, "noop"))
         results = 0
         while results < batch:
             message = orjson.loads(await ws.recv())

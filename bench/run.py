@@ -2,7 +2,8 @@
 
 Starts every server it needs on 127.0.0.1, each in its own process
 (:mod:`bench.servers`): the raw ``websockets`` echo floor, toolbus (real
-:class:`~gateway.server.Gateway`), and the MCP SDK over Streamable HTTP. Runs each
+:class:`~gateway.server.Gateway`), the MCP SDK over Streamable HTTP, and python-socketio on
+aiohttp (P11/P12 drive each system through its own client, :mod:`bench.peers`). Runs each
 workload against each system in the same run, interleaved round by round, then prints a
 table of medians over rounds, ratios, targets and pass/miss, and writes a JSON file.
 Pass/miss is reported, not enforced: the exit status is non-zero only when something
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import clients as c
+from bench import mcp_mount, peers
 from bench.servers import raise_fd_limit
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,6 +58,13 @@ class Plan:
     p6_rounds: int = 3
     p7_calls: int = 2_000
     p7_rounds: int = 5
+    p11_calls: int = 2_000
+    p11_mcp_calls: int = 300
+    p11_rounds: int = 5
+    p11_warmup: int = 50
+    p12_sessions: int = 50
+    p12_duration: float = 2.0
+    p12_rounds: int = 5
 
 
 FULL = Plan()
@@ -74,6 +83,13 @@ QUICK = Plan(
     p6_rounds=2,
     p7_calls=200,
     p7_rounds=3,
+    p11_calls=100,
+    p11_mcp_calls=20,
+    p11_rounds=2,
+    p11_warmup=10,
+    p12_sessions=10,
+    p12_duration=0.3,
+    p12_rounds=1,
 )
 
 
@@ -159,6 +175,8 @@ class Row:
     target: str
     passed: bool | None
     values: dict[str, Any] = field(default_factory=dict)
+    socketio: str = ""
+    """The python-socketio peer's cell (P11, P12 only)."""
 
 
 def us(seconds: float) -> str:
@@ -528,7 +546,7 @@ def _worker(queue: Any, args: tuple[Any, ...]) -> None:
 
 # -- output ------------------------------------------------------------------------------
 
-HEADERS = ["id", "workload", "floor", "toolbus", "MCP", "ratio", "target", "result"]
+HEADERS = ["id", "workload", "floor", "toolbus", "socket.io", "MCP", "ratio", "target", "result"]
 
 
 def table(rows: list[Row]) -> str:
@@ -536,7 +554,8 @@ def table(rows: list[Row]) -> str:
         return "" if row.passed is None else ("pass" if row.passed else "MISS")
 
     cells = [HEADERS] + [
-        [r.id, r.metric, r.floor, r.toolbus, r.mcp, r.ratio, r.target, result(r)] for r in rows
+        [r.id, r.metric, r.floor, r.toolbus, r.socketio, r.mcp, r.ratio, r.target, result(r)]
+        for r in rows
     ]
     lines = ["| " + " | ".join(row) + " |" for row in cells]
     lines.insert(1, "| " + " | ".join("---" for _ in HEADERS) + " |")
@@ -558,7 +577,7 @@ def git_commit() -> str:
     return "unknown"
 
 
-WORKLOADS = ["P1", "P2", "P4", "P5", "P6", "P7"]
+WORKLOADS = ["P1", "P2", "P4", "P5", "P6", "P7", "P11", "M3"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -576,7 +595,9 @@ def main(argv: list[str] | None = None) -> int:
         help="client processes for P2/P3 (default 1; see docs/bench.md)",
     )
     parser.add_argument(
-        "--only", default="", help="comma-separated workloads, e.g. P1,P6 (P2 includes P3)"
+        "--only",
+        default="",
+        help="comma-separated workloads, e.g. P1,P6 (P2 includes P3, P11 includes P12)",
     )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "latest.json")
     args = parser.parse_args(argv)
@@ -598,6 +619,8 @@ def main(argv: list[str] | None = None) -> int:
             "P5": bench.p5,
             "P6": bench.p6,
             "P7": bench.p7,
+            "P11": lambda: bench.rows.extend(Row(**r) for r in peers.p11_p12(bench, servers)),
+            "M3": lambda: bench.rows.append(Row(**mcp_mount.row(bench, servers))),
         }
         for name in WORKLOADS:
             if name not in only:
@@ -633,6 +656,8 @@ def main(argv: list[str] | None = None) -> int:
             "platform": platform.platform(),
             "websockets": websockets.__version__,
             "mcp": version("mcp"),
+            "python-socketio": version("python-socketio"),
+            "aiohttp": version("aiohttp"),
             "commit": git_commit(),
             "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "seconds": round(elapsed, 1),

@@ -1,6 +1,6 @@
 """The servers the bench measures, each run in its own process on 127.0.0.1.
 
-``python -m bench.servers floor|toolbus|mcp [--uvloop] [--data DIR]`` binds a free port,
+``python -m bench.servers floor|toolbus|mcp|socketio [--uvloop] [--data DIR]`` binds a free port,
 prints one JSON line ``{"port": N, "pid": N}`` on stdout when it is ready, and serves
 until SIGTERM or SIGINT. :func:`bench.run.start_server` runs these.
 
@@ -13,6 +13,9 @@ until SIGTERM or SIGINT. :func:`bench.run.start_server` runs these.
   and the SQLite event log in ``DIR/data``; invoke rate limit and heartbeat off.
 - ``mcp``: the official MCP Python SDK (``MCPServer``) over Streamable HTTP at ``/mcp``
   with the same no-op tool, served by uvicorn.
+- ``socketio``: python-socketio's ``AsyncServer`` on its aiohttp integration, WebSocket
+  transport only, with a no-op ``noop`` event handler whose return value goes back
+  through the ack (what ``AsyncClient.call`` waits for).
 """
 
 from __future__ import annotations
@@ -201,7 +204,49 @@ async def serve_mcp(args: argparse.Namespace) -> None:
     await task
 
 
-SERVERS = {"floor": serve_floor, "toolbus": serve_toolbus, "mcp": serve_mcp}
+# -- python-socketio peer ----------------------------------------------------------------
+
+
+async def serve_socketio(args: argparse.Namespace) -> None:
+    import socketio
+    from aiohttp import web
+
+    sio = socketio.AsyncServer(
+        async_mode="aiohttp", transports=["websocket"], logger=False, engineio_logger=False
+    )
+
+    @sio.on("noop")
+    async def noop(sid: str, data: Any) -> dict[str, Any]:
+        """Do nothing and answer ok through the ack."""
+        return {"ok": True}
+
+    app = web.Application()
+    sio.attach(app)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    _ready(runner.addresses[0][1])
+    try:
+        await _until_signalled()
+    finally:
+        await runner.cleanup()
+
+
+async def serve_toolbus_mcp(args: argparse.Namespace) -> None:
+    """toolbus mounting the bench MCP server (row M3, bench/mcp_mount.py)."""
+    from bench.mcp_mount import serve
+
+    await serve(args)
+
+
+SERVERS = {
+    "floor": serve_floor,
+    "toolbus_mcp": serve_toolbus_mcp,
+    "toolbus": serve_toolbus,
+    "mcp": serve_mcp,
+    "socketio": serve_socketio,
+}
 
 
 def main() -> None:

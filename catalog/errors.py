@@ -14,6 +14,10 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from catalog.mcp_mounts import MountSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,10 +45,13 @@ class CatalogError(Exception):
 
     Args:
         issues: every problem found, in file order; at least one.
+        mounts: the MCP server mounts that parsed (SPEC M1), so ``toolbus check`` can
+            still probe them and list their problems in the same run (SPEC O5).
     """
 
-    def __init__(self, issues: list[LoadIssue]) -> None:
+    def __init__(self, issues: list[LoadIssue], mounts: tuple[MountSpec, ...] = ()) -> None:
         self.issues: list[LoadIssue] = list(issues)
+        self.mounts = mounts
         super().__init__(self._render())
 
     def _render(self) -> str:

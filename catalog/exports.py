@@ -8,7 +8,9 @@
 - :func:`suggest` gives "did you mean" names for an unknown tool (SPEC I1).
 
 Every exporter copies ``parameters`` so a caller mutating an export never changes the
-catalog.
+catalog. Each adapts the schema to its provider's documented rules
+(:mod:`catalog.compat`, case F18) or raises :class:`ExportError` naming the tool, the
+provider and the rule; :func:`export_findings` lists every finding for ``toolbus check``.
 """
 
 from __future__ import annotations
@@ -19,10 +21,67 @@ import hashlib
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from catalog.compat import (
+    ANTHROPIC,
+    FORMATS,
+    MCP,
+    OPENAI_CHAT,
+    OPENAI_REALTIME,
+    Adapted,
+    Finding,
+    adapt,
+)
 from catalog.model import ToolDef
 from catalog.params import canonical_json
 
 Exporter = Callable[[Iterable[ToolDef]], list[dict[str, Any]]]
+
+
+class ExportError(ValueError):
+    """Some tools break a rule of the export format that toolbus cannot adapt (SPEC C4).
+
+    Exporting them anyway would make the provider reject the whole tools list.
+
+    Args:
+        findings: the unadapted findings, one per tool and rule; at least one.
+    """
+
+    def __init__(self, findings: list[Finding]) -> None:
+        self.findings = list(findings)
+        super().__init__("; ".join(str(finding) for finding in self.findings))
+
+
+def _adapted(
+    tools: Iterable[ToolDef], provider: str, *, strict: bool = False
+) -> list[tuple[ToolDef, Adapted]]:
+    pairs = [(tool, adapt(tool, provider, strict=strict)) for tool in tools]
+    errors = [finding for _, done in pairs for finding in done.findings if not finding.adapted]
+    if errors:
+        raise ExportError(errors)
+    return pairs
+
+
+def export_findings(
+    tools: Iterable[ToolDef], formats: Iterable[str] = FORMATS, *, strict: bool = False
+) -> list[Finding]:
+    """Every provider rule any of ``tools`` breaks, per format (SPEC C4, O1 ``check``).
+
+    Args:
+        tools: the tools to check (``toolbus check`` passes the whole catalog).
+        formats: export formats to check, default all of :data:`catalog.compat.FORMATS`.
+        strict: also report OpenAI strict-mode findings for ``openai-chat``.
+
+    Returns:
+        Findings in tool order, then format order; ``adapted`` ones are notes, the
+        others mean that format cannot carry the tool.
+    """
+    tools = list(tools)
+    return [
+        finding
+        for tool in tools
+        for provider in formats
+        for finding in adapt(tool, provider, strict=strict and provider == OPENAI_CHAT).findings
+    ]
 
 
 def tool_info(tool: ToolDef) -> dict[str, Any]:
@@ -70,52 +129,69 @@ def to_openai_realtime(tools: Iterable[ToolDef]) -> list[dict[str, Any]]:
 
     Returns:
         ``[{"type": "function", "name", "description", "parameters"}, ...]``
-        (``openai.types.realtime.RealtimeFunctionToolParam``).
+        (``openai.types.realtime.RealtimeFunctionToolParam``), adapted
+        (:func:`catalog.compat.adapt`).
+
+    Raises:
+        ExportError: a tool breaks a rule toolbus cannot adapt.
     """
     return [
         {
             "type": "function",
             "name": tool.name,
-            "description": tool.description,
-            "parameters": copy.deepcopy(tool.parameters),
+            "description": done.description,
+            "parameters": done.parameters,
         }
-        for tool in tools
+        for tool, done in _adapted(tools, OPENAI_REALTIME)
     ]
 
 
-def to_openai_chat(tools: Iterable[ToolDef]) -> list[dict[str, Any]]:
+def to_openai_chat(tools: Iterable[ToolDef], *, strict: bool = False) -> list[dict[str, Any]]:
     """OpenAI Chat Completions ``tools`` entries (SPEC C4).
 
+    Args:
+        tools: the tools to export.
+        strict: add ``"strict"`` to each function: ``true`` when its schema fits OpenAI
+            strict mode (:func:`catalog.compat.strict_findings`), else ``false``.
+
     Returns:
-        ``[{"type": "function", "function": {"name", "description", "parameters"}}, ...]``
-        (``openai.types.chat.ChatCompletionFunctionToolParam``).
+        ``[{"type": "function", "function": {"name", "description", "parameters",
+        "strict"?}}, ...]`` (``openai.types.chat.ChatCompletionFunctionToolParam``),
+        adapted (:func:`catalog.compat.adapt`).
+
+    Raises:
+        ExportError: a tool breaks a rule toolbus cannot adapt.
     """
-    return [
-        {
-            "type": "function",
-            "function": {
-                "name": tool.name,
-                "description": tool.description,
-                "parameters": copy.deepcopy(tool.parameters),
-            },
+    entries: list[dict[str, Any]] = []
+    for tool, done in _adapted(tools, OPENAI_CHAT, strict=strict):
+        function: dict[str, Any] = {
+            "name": tool.name,
+            "description": done.description,
+            "parameters": done.parameters,
         }
-        for tool in tools
-    ]
+        if strict:
+            function["strict"] = done.strict
+        entries.append({"type": "function", "function": function})
+    return entries
 
 
 def to_anthropic(tools: Iterable[ToolDef]) -> list[dict[str, Any]]:
     """Anthropic Messages API ``tools`` entries (SPEC C4).
 
     Returns:
-        ``[{"name", "description", "input_schema"}, ...]`` (``anthropic.types.ToolParam``).
+        ``[{"name", "description", "input_schema"}, ...]`` (``anthropic.types.ToolParam``),
+        adapted (:func:`catalog.compat.adapt`).
+
+    Raises:
+        ExportError: a tool breaks a rule toolbus cannot adapt.
     """
     return [
         {
             "name": tool.name,
-            "description": tool.description,
-            "input_schema": copy.deepcopy(tool.parameters),
+            "description": done.description,
+            "input_schema": done.parameters,
         }
-        for tool in tools
+        for tool, done in _adapted(tools, ANTHROPIC)
     ]
 
 
@@ -140,24 +216,29 @@ def to_mcp(tools: Iterable[ToolDef]) -> list[dict[str, Any]]:
 
     Returns:
         ``[{"name", "description", "inputSchema", "annotations": {...}}, ...]``
-        (``mcp.types.Tool`` by alias); see :func:`mcp_annotations`.
+        (``mcp.types.Tool`` by alias); see :func:`mcp_annotations`. Adapted like the
+        others (:func:`catalog.compat.adapt`): MCP allows root combinators, but hosts
+        pass ``inputSchema`` to OpenAI or Anthropic unchanged.
+
+    Raises:
+        ExportError: a tool breaks a rule toolbus cannot adapt.
     """
     return [
         {
             "name": tool.name,
-            "description": tool.description,
-            "inputSchema": copy.deepcopy(tool.parameters),
+            "description": done.description,
+            "inputSchema": done.parameters,
             "annotations": mcp_annotations(tool),
         }
-        for tool in tools
+        for tool, done in _adapted(tools, MCP)
     ]
 
 
 EXPORTERS: dict[str, Exporter] = {
-    "openai-realtime": to_openai_realtime,
-    "openai-chat": to_openai_chat,
-    "anthropic": to_anthropic,
-    "mcp": to_mcp,
+    OPENAI_REALTIME: to_openai_realtime,
+    OPENAI_CHAT: to_openai_chat,
+    ANTHROPIC: to_anthropic,
+    MCP: to_mcp,
 }
 """Export format name (``toolbus catalog --format``) -> exporter (SPEC C4, O1)."""
 

@@ -19,6 +19,32 @@ class HandlerError(ValueError):
     """A handler path is malformed, fails to import, or names no callable."""
 
 
+class ImportFailed(Exception):
+    """Importing a handler or hook module raised; the message names the module and what
+    it raised (SPEC C1, O5)."""
+
+
+def import_guarded(module_name: str) -> Any:
+    """Import a module of handlers or hooks, turning whatever it raises into a load error.
+
+    An import can raise anything, including ``SystemExit`` (a module calling
+    ``sys.exit()`` at import) or another ``BaseException``; left alone, that would end
+    ``toolbus check``/``serve`` silently or kill the hot-reload watcher. Only
+    ``KeyboardInterrupt`` passes through, so Ctrl-C still stops a slow import.
+
+    Raises:
+        ImportFailed: ``importing 'mod' failed: SystemExit: 3`` and the like.
+        KeyboardInterrupt: unchanged.
+    """
+    try:
+        return importlib.import_module(module_name)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # anything but Ctrl-C: see the docstring (SPEC O5)
+        text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        raise ImportFailed(f"importing {module_name!r} failed: {text}") from exc
+
+
 def resolve_handler(path: str) -> Callable[..., Any]:
     """Import ``module`` and fetch ``function`` from a ``"module:function"`` path.
 
@@ -36,11 +62,9 @@ def resolve_handler(path: str) -> Callable[..., Any]:
         raise HandlerError(f"handler {path!r} is not a 'module:function' path")
     module_name, _, attr_path = path.partition(":")
     try:
-        target: Any = importlib.import_module(module_name)
-    except Exception as exc:  # an import can raise anything; report it at load (SPEC C1)
-        raise HandlerError(
-            f"handler {path!r}: importing {module_name!r} failed: {type(exc).__name__}: {exc}"
-        ) from exc
+        target: Any = import_guarded(module_name)
+    except ImportFailed as exc:
+        raise HandlerError(f"handler {path!r}: {exc}") from exc
     for attr in attr_path.split("."):
         if not hasattr(target, attr):
             raise HandlerError(f"handler {path!r}: {module_name!r} has no attribute {attr_path!r}")

@@ -27,6 +27,7 @@ from types import MappingProxyType
 from typing import Any
 
 from catalog.errors import CatalogError, LoadIssue
+from catalog.mcp_mounts import MountSpec, parse_mounts
 from catalog.model import Catalog, Profile, ToolDef
 from catalog.profiles import ProfilesDoc, check_grants, parse_profiles, profile_label
 from catalog.tooldefs import parse_tool
@@ -36,7 +37,7 @@ __all__ = ["CatalogError", "LoadIssue", "expand_paths", "load_catalog", "load_to
 
 logger = logging.getLogger(__name__)
 
-TOOLS_FILE_KEYS = frozenset({"tools", "guidance"})
+TOOLS_FILE_KEYS = frozenset({"tools", "guidance", "mcp_servers"})
 YAML_SUFFIXES = (".yaml", ".yml")
 
 
@@ -52,6 +53,19 @@ class _Builder:
     issues: list[LoadIssue] = field(default_factory=list)
     profile_issues: list[LoadIssue] = field(default_factory=list)
     seen: dict[str, str] = field(default_factory=dict)
+    mounts: dict[str, MountSpec] = field(default_factory=dict)
+
+    def add_mounts(self, raw: Any, source: str) -> None:
+        """SPEC M1: the file's ``mcp_servers``; names are unique across files."""
+        specs, issues = parse_mounts(raw, source)
+        self.issues.extend(issues)
+        for spec in specs:
+            first = self.mounts.get(spec.name)
+            if first is not None:
+                message = f"duplicate MCP server {spec.name!r}: in {first.source} and in {source}"
+                self.problem(source, f"mcp:{spec.name}", message)
+            else:
+                self.mounts[spec.name] = spec
 
     def problem(self, source: str, who: str | None, message: str) -> None:
         self.issues.append(LoadIssue(source, who, message))
@@ -99,6 +113,8 @@ class _Builder:
             self.problem(source, None, "tools: must be a list of definitions")
         if "guidance" in raw:
             self.add_guidance(raw["guidance"], source)
+        if "mcp_servers" in raw:
+            self.add_mounts(raw["mcp_servers"], source)
 
     def add_profiles_document(self, raw: Any, source: str) -> None:
         doc = parse_profiles(raw, source)
@@ -106,7 +122,8 @@ class _Builder:
         self.profile_issues.extend(doc.issues)
 
     def _profiles(self) -> tuple[dict[str, Profile], frozenset[str]]:
-        grants = check_grants(self.profile_docs, self.tools)
+        prefixes = tuple(spec.prefix for spec in self.mounts.values())
+        grants = check_grants(self.profile_docs, self.tools, prefixes)
         self.profile_issues.extend(grants.issues)
         profiles: dict[str, Profile] = {}
         where: dict[str, str] = {}
@@ -140,12 +157,13 @@ class _Builder:
                 # SPEC C2: a broken profile grants nothing; say so loudly.
                 logger.error("profile problem, failing closed: %s", issue)
         if issues:
-            raise CatalogError(issues)
+            raise CatalogError(issues, tuple(self.mounts.values()))
         return Catalog(
             tools=MappingProxyType(dict(sorted(self.tools.items()))),
             profiles=MappingProxyType(profiles),
             guidance=MappingProxyType(guidance),
             safe_default=safe_default,
+            mounts=tuple(self.mounts.values()),
         )
 
 

@@ -12,7 +12,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from catalog.mcp_mounts import MountSpec
 
 logger = logging.getLogger(__name__)
 
@@ -148,12 +151,15 @@ class Catalog:
         guidance: invented tool name -> text telling the model what to use instead (SPEC I1).
         safe_default: tool names granted to legacy ``tools: true`` profiles; never holds
             a dangerous tool (SPEC C2).
+        mounts: the MCP servers the tools files name (SPEC M1); their tools are added
+            by the gateway once each server answers.
     """
 
     tools: Mapping[str, ToolDef] = field(default_factory=lambda: MappingProxyType({}))
     profiles: Mapping[str, Profile] = field(default_factory=lambda: MappingProxyType({}))
     guidance: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     safe_default: frozenset[str] = frozenset()
+    mounts: tuple[MountSpec, ...] = ()
 
     def profile(self, name: str | None) -> Profile:
         """The profile called ``name``, failing closed (SPEC C2).

@@ -138,7 +138,9 @@ class GrantCheck:
     broken_profiles: frozenset[str]
 
 
-def _check_profile(profile: Profile, source: str, tools: Mapping[str, ToolDef]) -> list[LoadIssue]:
+def _check_profile(
+    profile: Profile, source: str, tools: Mapping[str, ToolDef], mounted: tuple[str, ...] = ()
+) -> list[LoadIssue]:
     issues: list[LoadIssue] = []
     who = profile_label(profile.name)
     for key, names in (
@@ -146,16 +148,22 @@ def _check_profile(profile: Profile, source: str, tools: Mapping[str, ToolDef]) 
         ("auto_approve", profile.auto_approve),
     ):
         for name in sorted(names - tools.keys()):
+            if mounted and name.startswith(mounted):
+                continue  # SPEC M1: a mounted server's tool, known once it connects
             issues.append(LoadIssue(source, who, f"{key}: {name!r} is not a tool of the catalog"))
     return issues
 
 
-def check_grants(docs: list[ProfilesDoc], tools: Mapping[str, ToolDef]) -> GrantCheck:
+def check_grants(
+    docs: list[ProfilesDoc], tools: Mapping[str, ToolDef], mounted_prefixes: tuple[str, ...] = ()
+) -> GrantCheck:
     """Check what profiles name against the loaded tools (SPEC C2).
 
     Args:
         docs: every parsed profiles file.
         tools: every loaded tool.
+        mounted_prefixes: name prefixes of mounted MCP servers (SPEC M1): their tools are
+            only known once the server answers, so a grant naming one is not checked.
 
     Returns:
         The ``safe_default`` set (the union of every file's, unknown and dangerous tools
@@ -177,7 +185,7 @@ def check_grants(docs: list[ProfilesDoc], tools: Mapping[str, ToolDef]) -> Grant
             else:
                 safe.add(name)
         for profile in doc.profiles.values():
-            found = _check_profile(profile, doc.source, tools)
+            found = _check_profile(profile, doc.source, tools, mounted_prefixes)
             if found:
                 broken.add(profile.name)
                 issues.extend(found)

@@ -14,14 +14,16 @@ from enum import StrEnum
 from types import MappingProxyType
 
 from catalog.model import Catalog, Profile, ToolDef
+from protocol.outcomes import CallOutcome
 
 
 class Denial(StrEnum):
-    """Why a tool is refused; the values are the wire outcome codes (SPEC I2, I11)."""
+    """Why a tool is refused; the values are the wire outcome codes (SPEC I2, I11), taken
+    from the one outcome vocabulary, :class:`protocol.outcomes.CallOutcome`."""
 
-    CAPABILITY = "denied_capability"
-    DANGEROUS = "denied_dangerous"
-    SCOPE = "denied_scope"
+    CAPABILITY = CallOutcome.DENIED_CAPABILITY.value
+    DANGEROUS = CallOutcome.DENIED_DANGEROUS.value
+    SCOPE = CallOutcome.DENIED_SCOPE.value
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,6 +7,7 @@ error here.
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,11 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict[An
     seen: set[Any] = set()
     for key_node, _ in node.value:
         key = loader.construct_object(key_node, deep=True)
+        if not isinstance(key, Hashable):
+            # A YAML list or mapping as a key (``{[a]: 1}``): a load issue, not a
+            # TypeError out of `check` or the hot-reload watcher (SPEC C1, O5).
+            line = key_node.start_mark.line + 1
+            raise YamlError(f"line {line}: a {type(key).__name__} cannot be a mapping key")
         if key in seen:
             line = key_node.start_mark.line + 1
             raise YamlError(f"line {line}: duplicate key {key!r}")

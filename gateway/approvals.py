@@ -25,7 +25,7 @@ SETTLED_MEMORY = 10_000
 
 
 @dataclass(frozen=True, slots=True)
-class Outcome:
+class Settlement:
     """How an approval was settled."""
 
     resolution: Resolution
@@ -46,12 +46,12 @@ class Approval:
     tool: str
     params: dict[str, Any]
     expires_at: float
-    outcome: Outcome | None = None
+    outcome: Settlement | None = None
     """The decision once settled; ``None`` while pending."""
     decided: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
     timer: asyncio.TimerHandle | None = field(default=None, repr=False)
 
-    async def wait(self) -> Outcome:
+    async def wait(self) -> Settlement:
         """Wait for the decision. Any number of waiters may give up (cancel, time out)
         without settling or disturbing the approval (case F01)."""
         await self.decided.wait()
@@ -71,7 +71,7 @@ class Approvals:
         self.timeout = timeout
         self._clock = clock
         self.pending: dict[str, Approval] = {}
-        self._settled: OrderedDict[str, tuple[str, Outcome]] = OrderedDict()
+        self._settled: OrderedDict[str, tuple[str, Settlement]] = OrderedDict()
 
     def open(
         self, session_id: str, user: str, call_id: str, tool: str, params: dict[str, Any]
@@ -104,14 +104,15 @@ class Approvals:
 
         Returns:
             ``None`` when accepted; else why nothing changed: ``unknown`` (never issued,
-            or forged), ``not_yours`` (another session or user), ``already_decided``,
-            ``expired`` (the approval timed out first).
+            forged, or another session's or user's: SPEC A7, case F26, the answer must
+            not reveal that such an id exists), ``already_decided``, ``expired`` (the
+            approval timed out first). ``not_yours`` is never answered.
         """
         approval = self.pending.get(approval_id)
         if approval is None:
             return self._refusal(session_id, approval_id)
         if approval.session_id != session_id or approval.user != user:
-            return NotAcceptedReason.NOT_YOURS
+            return NotAcceptedReason.UNKNOWN
         resolution = Resolution.DENIED if decision is Decision.DENY else Resolution.ALLOWED
         always = decision is Decision.ALLOW_ALWAYS
         self.settle(approval_id, resolution, ResolutionReason.USER, always)
@@ -123,7 +124,7 @@ class Approvals:
             return NotAcceptedReason.UNKNOWN
         owner, outcome = settled
         if owner != session_id:
-            return NotAcceptedReason.NOT_YOURS
+            return NotAcceptedReason.UNKNOWN
         if outcome.reason is ResolutionReason.TIMEOUT:
             return NotAcceptedReason.EXPIRED
         return NotAcceptedReason.ALREADY_DECIDED
@@ -145,7 +146,7 @@ class Approvals:
             return False
         if approval.timer is not None:
             approval.timer.cancel()
-        outcome = Outcome(resolution, reason, always, self._clock())
+        outcome = Settlement(resolution, reason, always, self._clock())
         self._settled[approval_id] = (approval.session_id, outcome)
         while len(self._settled) > SETTLED_MEMORY:
             self._settled.popitem(last=False)

@@ -2,42 +2,20 @@
 
 Records go to the ``toolbus.audit`` logger as JSON objects, a stream of their own
 (the CLI sends it to ``<data_dir>/audit.jsonl`` by default). Parameters are truncated,
-and parameters the tool marks ``sensitive`` are masked before anything is written.
+and parameters the tool marks ``sensitive`` are masked before anything is written. A
+record's ``outcome`` is a :class:`protocol.outcomes.CallOutcome` value.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from enum import StrEnum
 from typing import Any
 
 from protocol.codec import encode_json
 
 audit_logger = logging.getLogger("toolbus.audit")
 MASK = "***"
-
-
-class Outcome(StrEnum):
-    """How an invocation ended, as the audit record and metrics name it (SPEC I11)."""
-
-    OK = "ok"
-    DISPATCHED = "dispatched"
-    PROMOTED = "promoted"
-    UNKNOWN_TOOL = "unknown_tool"
-    DENIED_CAPABILITY = "denied_capability"
-    DENIED_DANGEROUS = "denied_dangerous"
-    DENIED_SCOPE = "denied_scope"
-    WRONG_ROUTE = "wrong_route"
-    INVALID_PARAMS = "invalid_params"
-    DENIED_BY_HOOK = "denied_by_hook"
-    REJECTED_BY_USER = "rejected_by_user"
-    APPROVAL_TIMEOUT = "approval_timeout"
-    TIMEOUT = "timeout"
-    HANDLER_ERROR = "handler_error"
-    CANCELLED = "cancelled"
-    STALE_CATALOG = "stale_catalog"
-    INTERRUPTED = "interrupted"
 
 
 def redact(params: Mapping[str, Any], sensitive: Sequence[str], limit: int) -> Any:

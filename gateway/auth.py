@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,14 +28,21 @@ from typing import Any, Protocol
 import jwt
 import yaml
 
+from gateway.tokenfile import TokenFileError, read_token_file
+
+logger = logging.getLogger("gateway.auth")
+
 
 @dataclass(frozen=True, slots=True)
 class Identity:
-    """An authenticated caller: the user, the profiles granted, the tenant if any."""
+    """An authenticated caller: the user, the profiles granted, the tenant if any, and
+    when the credential stops being valid (Unix seconds; ``None``: it does not expire,
+    SPEC S6)."""
 
     user: str
     profiles: frozenset[str]
     tenant: str | None = None
+    expires_at: float | None = None
 
 
 class AuthError(Exception):
@@ -72,22 +80,43 @@ class TokenFileAuthenticator:
         self._by_hash: dict[str, Identity] = {}
         self._reload()
 
+    def version(self) -> object:
+        """What the accepted tokens depend on, for change detection (SPEC S6): the
+        file's modification time, re-read first. An unreadable file answers a new object
+        each time, so a caller comparing versions always re-checks."""
+        try:
+            self._reload()
+        except AuthError:
+            return object()
+        return self._mtime
+
     def _reload(self) -> None:
+        """Re-read the file when its mtime changed (SPEC S2, O5).
+
+        A missing or unreadable file refuses every credential (fail closed). A malformed
+        one raises :class:`AuthError` at construction; on a later change it is logged
+        once at ERROR and the previous good table stays in force, so a half-written edit
+        locks nobody out and no hello ever meets a traceback.
+        """
         try:
             mtime = self._path.stat().st_mtime
-            if mtime == self._mtime:
-                return
-            data = yaml.safe_load(self._path.read_text()) or {}
-        except (OSError, yaml.YAMLError) as exc:
-            raise AuthError(f"token file {self._path} unreadable: {type(exc).__name__}") from exc
-        table: dict[str, Identity] = {}
-        for entry in data.get("tokens", []):
-            table[str(entry["sha256"]).lower()] = Identity(
-                user=str(entry["user"]),
-                profiles=frozenset(entry.get("profiles", [])),
-                tenant=entry.get("tenant"),
-            )
-        self._by_hash, self._mtime = table, mtime
+        except OSError as exc:
+            raise AuthError(f"token file {self._path}: {exc.strerror}") from None
+        if mtime == self._mtime:
+            return
+        try:
+            entries = read_token_file(self._path)
+        except TokenFileError as exc:
+            if self._mtime == -1.0:
+                raise AuthError(str(exc)) from None
+            self._mtime = mtime
+            logger.error("%s; keeping the previous tokens", exc)
+            return
+        self._by_hash = {
+            entry.sha256.lower(): Identity(entry.user, frozenset(entry.profiles), entry.tenant)
+            for entry in entries
+        }
+        self._mtime = mtime
 
     def authenticate(self, credential: str | None) -> Identity:
         if not credential:
@@ -98,6 +127,20 @@ class TokenFileAuthenticator:
             if hmac.compare_digest(known, digest):
                 return identity
         raise AuthError("unknown token")
+
+    def by_hash(self, digest: str) -> Identity | None:
+        """The identity of the token whose SHA-256 hex digest is ``digest``, on the file
+        as it is now, or ``None`` (SPEC S6: a stored credential reference re-validated
+        after a restart, :mod:`gateway.credref`). A missing file vouches for nothing."""
+        try:
+            self._reload()
+        except AuthError:
+            return None
+        digest = digest.lower()
+        for known, identity in self._by_hash.items():
+            if hmac.compare_digest(known, digest):
+                return identity
+        return None
 
 
 class JwtAuthenticator:
@@ -125,6 +168,10 @@ class JwtAuthenticator:
         if public_key:
             self._keys.append(("RS256", public_key))
         self._audience, self._issuer, self._claim = audience, issuer, profiles_claim
+
+    def version(self) -> object:
+        """Constant: a JWT is accepted or not by its own content and ``exp``."""
+        return 0
 
     def authenticate(self, credential: str | None) -> Identity:
         if not credential or credential.count(".") != 2:
@@ -154,7 +201,11 @@ class JwtAuthenticator:
         if not isinstance(profiles, list) or not all(isinstance(p, str) for p in profiles):
             raise AuthError(f"JWT claim '{self._claim}' must be a list of strings")
         tenant = claims.get("tenant")
-        return Identity(str(claims["sub"]), frozenset(profiles), tenant)
+        if tenant is not None and not isinstance(tenant, str):
+            # A tenant keys sessions, limits and stored rows: an object or a number here
+            # must be a typed refusal, not a failure deep in the session table.
+            raise AuthError("JWT claim 'tenant' must be a string")
+        return Identity(str(claims["sub"]), frozenset(profiles), tenant, float(claims["exp"]))
 
 
 class ChainAuthenticator:
@@ -162,6 +213,10 @@ class ChainAuthenticator:
 
     def __init__(self, authenticators: Sequence[Authenticator]) -> None:
         self._chain = list(authenticators)
+
+    def version(self) -> object:
+        """The members' versions (see :func:`version_of`), for change detection."""
+        return tuple(version_of(authenticator) for authenticator in self._chain)
 
     def authenticate(self, credential: str | None) -> Identity:
         reasons = []
@@ -171,6 +226,25 @@ class ChainAuthenticator:
             except AuthError as exc:
                 reasons.append(str(exc))
         raise AuthError("; ".join(reasons) or "no authenticator configured")
+
+    def by_hash(self, digest: str) -> Identity | None:
+        """The first member's identity for a token digest (see
+        :meth:`TokenFileAuthenticator.by_hash`), or ``None``."""
+        for authenticator in self._chain:
+            lookup = getattr(authenticator, "by_hash", None)
+            found = lookup(digest) if callable(lookup) else None
+            if isinstance(found, Identity):
+                return found
+        return None
+
+
+def version_of(authenticator: Authenticator) -> object:
+    """What ``authenticator`` accepts now, as a value that changes when that may have
+    changed (SPEC S6: revocation). One without a ``version()`` method answers a new
+    object each time: it may change at any moment. JWTs never change (they lapse by
+    ``exp``), so :class:`JwtAuthenticator` answers a constant."""
+    version = getattr(authenticator, "version", None)
+    return version() if callable(version) else object()
 
 
 def bearer(header: str | None) -> str | None:

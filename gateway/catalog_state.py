@@ -11,18 +11,21 @@ change that fails to load is logged with every issue and the old catalog stays.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
+from types import MappingProxyType
 
 from catalog.errors import CatalogError
 from catalog.exports import catalog_version, tool_info
 from catalog.loader import load_catalog
-from catalog.model import Catalog
+from catalog.model import Catalog, ToolDef
 from catalog.params import ParamValidator, validators_for
 from catalog.visibility import Scope, visible_tools
+from gateway.catalog_fit import CatalogTooLarge, check_fits
 from gateway.session import Session
+from gateway.tasks import periodic
 from protocol import messages as m
 
 logger = logging.getLogger("gateway.catalog")
@@ -54,17 +57,75 @@ class CatalogState:
     Args:
         tool_paths: tools YAML files or folders.
         profile_paths: profiles YAML files or folders.
+        max_frame: the announced ``max_message_bytes``; every profile's ``catalog``
+            frame must fit it (SPEC E2, :mod:`gateway.catalog_fit`). ``None``: no bound.
 
     Raises:
         CatalogError: at construction, when the files do not load (SPEC C1).
+        CatalogTooLarge: at construction, when a profile's catalog frame exceeds
+            ``max_frame`` (one line per profile, naming both sizes).
     """
 
-    def __init__(self, tool_paths: Sequence[Path], profile_paths: Sequence[Path]) -> None:
+    def __init__(
+        self,
+        tool_paths: Sequence[Path],
+        profile_paths: Sequence[Path],
+        max_frame: int | None = None,
+    ) -> None:
         self.tool_paths = list(tool_paths)
         self.profile_paths = list(profile_paths)
+        self.max_frame = max_frame
         self._stamps = _mtimes(self.tool_paths + self.profile_paths)
         self.current: Catalog = load_catalog(self.tool_paths, self.profile_paths)
+        check_fits(self.current, max_frame)
         self.validators: Mapping[str, ParamValidator] = validators_for(self.current)
+        self.files: Catalog = self.current
+        """The catalog the files define, without mounted MCP tools (SPEC M1)."""
+        self.mounted: dict[str, Mapping[str, ToolDef]] = {}
+        """Mounted MCP server name -> its tools now in the catalog (SPEC M1, M2)."""
+        self.on_reload: list[Callable[[], None]] = []
+        """Called after a reload swapped the catalog (the MCP mounts reconcile, SPEC M2)."""
+
+    def set_mounted(self, server: str, tools: Mapping[str, ToolDef]) -> None:
+        """Replace one mounted MCP server's tools and rebuild :attr:`current` (SPEC M1, M2).
+
+        A mounted tool whose name a file tool (or an earlier server) already has is left
+        out and logged: the files always win. An empty mapping removes the server.
+        """
+        before = self.mounted.get(server)
+        if tools:
+            self.mounted[server] = tools
+        else:
+            self.mounted.pop(server, None)
+        candidate = self._composed(self.files)
+        try:
+            check_fits(candidate, self.max_frame)
+        except CatalogTooLarge as exc:
+            # SPEC E2: a catalog that cannot be sent is never swapped in.
+            logger.error("mcp %s: tools left out, the catalog would not fit: %s", server, exc)
+            if before is None:
+                self.mounted.pop(server, None)
+            else:
+                self.mounted[server] = before
+            return
+        self._swap(candidate)
+
+    def _swap(self, catalog: Catalog) -> None:
+        self.current = catalog
+        self.validators = validators_for(catalog)
+
+    def _composed(self, files: Catalog) -> Catalog:
+        """``files`` with the mounted MCP tools added (files win a name clash)."""
+        merged: dict[str, ToolDef] = dict(files.tools)
+        for server, tools in sorted(self.mounted.items()):
+            for name, tool in tools.items():
+                if name in merged:
+                    logger.error(
+                        "mcp %s: tool %s clashes with another tool; left out", server, name
+                    )
+                    continue
+                merged[name] = tool
+        return replace(files, tools=MappingProxyType(dict(sorted(merged.items()))))
 
     def view(self, session: Session) -> tuple[str, list[m.ToolInfo], frozenset[str]]:
         """A session's catalog now: ``(version, tools, names)`` (SPEC C3)."""
@@ -112,15 +173,29 @@ class CatalogState:
         except CatalogError as exc:
             logger.error("catalog reload failed; keeping the previous catalog: %s", exc)
             return False
-        self.current, self.validators = fresh, validators_for(fresh)
+        candidate = self._composed(fresh)
+        try:
+            check_fits(candidate, self.max_frame)
+        except CatalogTooLarge as exc:
+            # SPEC E2: a catalog frame larger than the announced size cannot be sent.
+            logger.error("catalog reload refused; keeping the previous catalog: %s", exc)
+            return False
+        self.files = fresh
+        self._swap(candidate)
         logger.info("catalog reloaded: %d tools", len(fresh.tools))
+        for listener in self.on_reload:
+            listener()
         return True
 
     async def watch(self, interval: float, sessions: Callable[[], Iterable[Session]]) -> None:
-        """Poll for changes every ``interval`` seconds; re-push catalogs on reload."""
-        while True:
-            await asyncio.sleep(interval)
-            if self.reload():
-                for session in list(sessions()):
-                    self.refresh_profile(session)
-                    self.push(session, m.CatalogReason.RELOAD)
+        """Poll for changes every ``interval`` seconds; re-push catalogs on reload.
+
+        A round that raises is logged and retried with backoff (:func:`periodic`): the
+        watcher never stops for good on one fault (SPEC C3)."""
+        await periodic("catalog hot reload", interval, lambda: self._reload_and_push(sessions))
+
+    def _reload_and_push(self, sessions: Callable[[], Iterable[Session]]) -> None:
+        if self.reload():
+            for session in list(sessions()):
+                self.refresh_profile(session)
+                self.push(session, m.CatalogReason.RELOAD)

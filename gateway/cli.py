@@ -4,7 +4,8 @@ Subcommands:
 
 - ``serve``: run the server (embedded defaults: the bundled demo catalog and profiles,
   SQLite in ``./toolbus-data``, a dev token printed at start when no auth is set up);
-- ``check``: validate the catalog and profiles, print every issue, exit 1 on any;
+- ``check``: validate everything ``serve`` loads (catalog, handler and hook modules,
+  token file, data folder), print every issue, exit 1 on any (SPEC O5);
 - ``catalog --profile P --format F``: print a profile's catalog as the wire form or an
   export for OpenAI Realtime, OpenAI Chat Completions, Anthropic or MCP (SPEC C4);
 - ``schema``: regenerate ``schema/`` from ``protocol/`` (``--check`` fails on drift);
@@ -17,24 +18,44 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
+import logging
 import os
+import socket
+import sqlite3
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pydantic
+import pydantic_settings
 import yaml
 
+from catalog.compat import render_findings
 from catalog.errors import CatalogError
-from catalog.exports import EXPORTERS, catalog_version, tool_info
+from catalog.exports import (
+    EXPORTERS,
+    ExportError,
+    catalog_version,
+    export_findings,
+    to_openai_chat,
+    tool_info,
+)
 from catalog.loader import load_catalog
 from catalog.model import Catalog
 from catalog.visibility import Scope, visible_tools
+from gateway.auth import AuthError
+from gateway.catalog_fit import oversized
 from gateway.config import Settings, load_settings
+from gateway.mcp.probe import probe_mounts
+from gateway.startup import DataDirLock, StartupError, preflight, render
+from gateway.store import StoreError
+from gateway.tokenfile import TokenFileError, read_token_file
 from protocol.codec import encode_json
 
 FORMATS = ("wire", *EXPORTERS)
+logger = logging.getLogger("gateway.cli")
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -56,13 +77,33 @@ def _settings(args: argparse.Namespace) -> Settings:
         return load_settings(args.config, **overrides)
     except FileNotFoundError as exc:
         raise ConfigError(f"{where}: no such file") from exc
+    except IsADirectoryError as exc:
+        raise ConfigError(f"{where}: is a folder, not a YAML file") from exc
+    except OSError as exc:
+        raise ConfigError(f"{where}: cannot read it: {exc.strerror or exc}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{where}: not valid YAML: {_yaml_problem(exc)}") from exc
+    except pydantic_settings.SettingsError as exc:
+        # e.g. TOOLBUS_SERVER='{' : the variable is named in the message (SPEC O4).
+        raise ConfigError(f"{where}: {exc}") from exc
     except pydantic.ValidationError as exc:
         lines = [f"{where}: {len(exc.errors())} problem(s):"]
         for error in exc.errors(include_url=False):
             key = ".".join(str(part) for part in error["loc"])
             message = "unknown key" if error["type"] == "extra_forbidden" else error["msg"]
+            message = message.removeprefix("Value error, ")
             lines.append(f"  {key}: {message}")
         raise ConfigError("\n".join(lines)) from exc
+    except (TypeError, ValueError) as exc:
+        # A YAML document that is not a mapping of sections (a list, a scalar).
+        raise ConfigError(f"{where}: must be a mapping of sections (server:, calls:, …)") from exc
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
+        mark = exc.problem_mark
+        return f"line {mark.line + 1}, column {mark.column + 1}: {exc.problem}"
+    return " ".join(str(exc).split())
 
 
 class ConfigError(Exception):
@@ -70,17 +111,33 @@ class ConfigError(Exception):
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    """Run the server until SIGTERM/SIGINT, then drain (SPEC S4)."""
+    """Run the server until SIGTERM/SIGINT, then drain (SPEC S4).
+
+    Start-up (SPEC O5): the configuration, then the data-folder lock (before any state
+    is touched), then every file the server loads; any failure is a
+    :class:`StartupError` that :func:`main` prints as one message, exit status 1.
+    """
+    settings = _settings(args)
+    with DataDirLock(settings.data_dir):
+        problems = preflight(settings, data_dir=False)
+        if problems:
+            raise StartupError(render(problems))
+        return _serve_locked(settings)
+
+
+def _serve_locked(settings: Settings) -> int:
     from gateway import logs
     from gateway.auth import write_dev_token
     from gateway.server import Gateway, run
 
-    settings = _settings(args)
-    logs.setup(
-        settings.log.level,
-        settings.log.json_logs,
-        settings.log.audit_file or settings.data_dir / "audit.jsonl",
-    )
+    try:
+        logs.setup(
+            settings.log.level,
+            settings.log.json_logs,
+            settings.log.audit_file or settings.data_dir / "audit.jsonl",
+        )
+    except OSError as exc:
+        raise StartupError(f"log.audit_file: cannot open it: {exc.strerror or exc}") from None
     banner = []
     if settings.auth.token_file is None and not (
         settings.auth.jwt_secret or settings.auth.jwt_public_key_file
@@ -91,8 +148,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
             update={"auth": settings.auth.model_copy(update={"token_file": token_file})}
         )
         banner.append(f"dev token (profiles: {', '.join(sorted(catalog.profiles))}): {token}")
+    listening = False
 
     def started(gateway: Gateway) -> None:
+        nonlocal listening
+        listening = True
         host = settings.server.host
         print(
             f"toolbus serving on ws://{host}:{gateway.port}/  (subprotocol toolbus.v1)", flush=True
@@ -101,8 +161,48 @@ def cmd_serve(args: argparse.Namespace) -> int:
         for line in banner:
             print(line, flush=True)
 
-    asyncio.run(run(settings, started))
+    try:
+        asyncio.run(run(settings, started))
+    except Exception as exc:
+        if listening or isinstance(exc, StartupError):
+            raise
+        raise StartupError(_startup_failure(exc, settings)) from exc
     return 0
+
+
+_BIND_ERRORS = {
+    errno.EADDRINUSE: ("server.port", "address already in use"),
+    errno.EACCES: ("server.port", "permission denied (ports below 1024 need privileges)"),
+    errno.EADDRNOTAVAIL: ("server.host", "no such address on this machine"),
+}
+"""A bind failure's errno -> (the config key at fault, what went wrong)."""
+
+
+def _startup_failure(exc: Exception, settings: Settings) -> str:
+    """One line for an exception that stopped the server before it listened (SPEC O5).
+
+    The traceback goes to the log at DEBUG only: the message names the cause."""
+    logger.debug("start-up failed", exc_info=exc)
+    server = settings.server
+    if isinstance(exc, OSError) and exc.errno in _BIND_ERRORS:
+        key, why = _BIND_ERRORS[exc.errno]
+        value = server.port if key == "server.port" else server.host
+        return f"{key} {value}: cannot listen on {server.host}:{server.port}: {why}"
+    if isinstance(exc, socket.gaierror):
+        # A host name that does not resolve (errno is a resolver code, not an OS one).
+        why = exc.strerror or str(exc)
+        return f"server.host {server.host}: cannot listen on {server.host}:{server.port}: {why}"
+    if isinstance(exc, OSError) and exc.filename:
+        return f"{exc.filename}: {exc.strerror or exc}"
+    if isinstance(exc, sqlite3.Error):
+        return f"store {settings.data_dir / 'toolbus.db'}: {exc}"
+    if isinstance(exc, AuthError):
+        return f"auth: {exc}"
+    if isinstance(exc, StoreError):
+        return str(exc)  # SPEC D6, F32: names the file, the damage and the way out
+    if isinstance(exc, CatalogError):
+        return render([str(issue) for issue in exc.issues])
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _catalog(args: argparse.Namespace) -> Catalog | None:
@@ -116,11 +216,48 @@ def _catalog(args: argparse.Namespace) -> Catalog | None:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    """Validate catalog and profiles (SPEC C1, C2); print every issue."""
-    catalog = _catalog(args)
-    if catalog is None:
+    """Validate everything ``serve`` would load (SPEC C1, C2, O5): the catalog and its
+    handler modules, hook modules, the token and JWT key files, the data folder; and
+    every export (C4). Print every issue.
+
+    Every problem found in one run (SPEC O5) is one ``error:`` line on stderr and the
+    exit code is 1: catalog issues, then hook, token-file and data-folder problems, then
+    export findings no format rule lets toolbus adapt, then MCP mount problems (the
+    mounts are probed even when other parts of the catalog have issues). Adapted export
+    findings and each mount's tools print as ``note:`` / ``mcp ...`` lines on stdout.
+    """
+    settings = _settings(args)
+    # SPEC O5: everything `serve` loads besides the catalog (hooks, token file, data
+    # folder); a problem there fails the check too, listed with the catalog's issues.
+    problems = preflight(settings, catalog=False)
+    catalog: Catalog | None = None
+    try:
+        catalog = load_catalog(settings.catalog.tools, settings.catalog.profiles)
+        mounts = catalog.mounts
+    except CatalogError as exc:
+        problems = [str(issue) for issue in exc.issues] + problems
+        mounts = exc.mounts
+    if catalog is not None:
+        # SPEC E2: every profile's catalog frame fits the size welcome announces.
+        problems += oversized(catalog, settings.server.max_message_bytes)
+        # SPEC C4 (case F18): every export must be one its provider accepts.
+        findings = export_findings(catalog.tools.values())
+        sources = {name: tool.source for name, tool in catalog.tools.items()}
+        for line in render_findings(findings, sources):
+            if line.startswith("note"):
+                print(line)
+            else:
+                problems.append(line.removeprefix("error: "))
+    # SPEC M1: connect to each mounted MCP server and say what it would load.
+    notes, failures, mounted = probe_mounts(mounts)
+    for line in notes:
+        print(line)
+    problems += failures
+    for line in problems:
+        print(f"error: {line}", file=sys.stderr)
+    if problems or catalog is None:
         return 1
-    tools, profiles = len(catalog.tools), len(catalog.profiles)
+    tools, profiles = len(catalog.tools) + mounted, len(catalog.profiles)
     print(f"ok: {tools} tool{'s' * (tools != 1)}, {profiles} profile{'s' * (profiles != 1)}")
     return 0
 
@@ -141,7 +278,15 @@ def cmd_catalog(args: argparse.Namespace) -> int:
     if args.format == "wire":
         out: object = {"version": catalog_version(tools), "tools": [tool_info(t) for t in tools]}
     else:
-        out = EXPORTERS[args.format](tools)
+        strict = args.strict and args.format == "openai-chat"
+        findings = export_findings(tools, [args.format], strict=strict)
+        sources = {tool.name: tool.source for tool in tools}
+        for line in render_findings(findings, sources):
+            print(line, file=sys.stderr)
+        try:
+            out = to_openai_chat(tools, strict=True) if strict else EXPORTERS[args.format](tools)
+        except ExportError:
+            return 1  # never print a list the provider would reject whole (SPEC C4, F18)
     sys.stdout.write(encode_json(out).decode() + "\n")
     return 0
 
@@ -173,6 +318,12 @@ def cmd_token(args: argparse.Namespace) -> int:
     from gateway.auth import hash_token, new_token
 
     path: Path = args.token_file
+    if path.exists():
+        try:
+            read_token_file(path)  # never append to a file serve would refuse (SPEC O5)
+        except TokenFileError as exc:
+            print(exc, file=sys.stderr)
+            return 1
     data = yaml.safe_load(path.read_text()) if path.exists() else None
     data = data or {"tokens": []}
     token = new_token()
@@ -228,6 +379,11 @@ def parser() -> argparse.ArgumentParser:
     cat.add_argument("--format", choices=FORMATS, default="wire", help="default: wire")
     cat.add_argument("--context", action="append", default=[], metavar="KEY=VALUE")
     cat.add_argument("--origin", default=None, help="the Origin a browser session would have")
+    cat.add_argument(
+        "--strict",
+        action="store_true",
+        help="openai-chat: send strict: true for each tool whose schema fits strict mode",
+    )
     cat.set_defaults(func=cmd_catalog)
 
     schema = sub.add_parser("schema", help="regenerate schema/ from protocol/")
@@ -260,6 +416,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
+    except StartupError as exc:
+        # SPEC O5: the message names the cause; a traceback would bury it.
+        print(f"toolbus: cannot start: {exc}", file=sys.stderr)
+        return 1
     except BrokenPipeError:
         # Output piped into `head` and cut short: not an error worth a traceback.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

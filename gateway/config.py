@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -24,32 +24,51 @@ DEMO_DIR = Path(__file__).resolve().parent / "demo"
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    # SPEC O4: out-of-range values are refused at start with the key named; the ranges
+    # are Field constraints below (``ge``/``gt``/``le``), and NaN or infinity is never a
+    # meaningful time, rate or size.
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, use_attribute_docstrings=True, allow_inf_nan=False
+    )
 
 
 class ServerConfig(_Section):
     host: str = "127.0.0.1"
     """Address to bind; ``0.0.0.0`` for every interface."""
-    port: int = 8765
+    port: int = Field(8765, ge=0, le=65535)
     """TCP port; 0 picks a free one (the bound port is logged and printed)."""
     origins: list[str] = Field(default_factory=list)
     """Origin allowlist for browser connections (SPEC S2). Empty: only the server's own
     origin (``http://host:port``, ``localhost`` and ``127.0.0.1`` forms). Requests without
     an Origin header (non-browser clients) are always allowed: CSWSH needs a browser."""
-    max_message_bytes: int = 1 << 20
-    """Largest accepted frame or fragmented message (SPEC E2); bigger closes 1009."""
-    max_depth: int = 32
+    max_message_bytes: int = Field(1 << 20, ge=1024)
+    """Largest frame or fragmented message either side sends (SPEC E2): a bigger client
+    message closes 1009; an invoke's params or a handler's result may use all of it but
+    the envelope of its tool_start or result frame (256 bytes plus call_id and tool).
+    Every profile's catalog frame must fit it too: start refuses, a hot reload is kept
+    out (docs/protocol.md)."""
+    max_depth: int = Field(32, ge=1)
     """Deepest JSON nesting accepted in a client message (SPEC E1)."""
-    hello_timeout: float = 10.0
+    hello_timeout: float = Field(10.0, gt=0)
     """Seconds a new connection has to send ``hello`` (SPEC S1); else close 1008."""
-    heartbeat_interval: float = 20.0
+    heartbeat_interval: float = Field(20.0, ge=0)
     """Seconds between WebSocket pings (SPEC S3); 0 disables."""
-    heartbeat_timeout: float = 20.0
+    heartbeat_timeout: float = Field(20.0, ge=0)
     """Seconds to wait for a pong before the peer is declared dead (SPEC S3)."""
-    max_outbound_bytes: int = 8 << 20
+    max_outbound_bytes: int = Field(8 << 20, ge=1)
     """Bytes queued for one socket before it is closed 1013 as a slow consumer (SPEC D5)."""
-    drain_retry_after: float = 1.0
+    drain_retry_after: float = Field(1.0, ge=0)
     """``retry_after`` sent in ``reconnect`` on drain (SPEC S4), in seconds."""
+    drain_grace: float = Field(10.0, ge=0)
+    """Seconds a drain (SPEC S4) waits for plain handlers of jobs and calls, which cannot
+    be interrupted, to return: one that returns in time is reported as it ended (a job
+    ``done``, a call its ``result``); past it, a job ends ``failed`` ``interrupted`` and
+    the handler dies with the process (SPEC J6). Jobs still ``queued`` stay queued and
+    run after the restart. 0: no wait."""
+    loop_stall_threshold: float = Field(0.5, ge=0)
+    """Seconds the event loop may go without turning before the watchdog thread logs the
+    running tool's name and the loop's stack and counts ``toolbus_loop_stalls_total``
+    (SPEC E3: an ``async def`` handler that blocks); 0 disables the watchdog."""
 
 
 class AuthConfig(_Section):
@@ -64,6 +83,12 @@ class AuthConfig(_Section):
     jwt_issuer: str | None = None
     jwt_profiles_claim: str = "profiles"
     """Claim holding the list of profiles a JWT grants; ``sub`` names the user."""
+    expiry_warning: float = Field(60.0, ge=0)
+    """Seconds before a credential's expiry (JWT ``exp``) that the socket gets
+    ``auth.expiring`` (SPEC S6); 0 sends no warning."""
+    recheck_interval: float = Field(1.0, gt=0)
+    """Seconds between checks that each open session's credential is still accepted
+    (a token removed from the token file closes its sessions 4005, SPEC S6)."""
 
 
 class CatalogConfig(_Section):
@@ -73,30 +98,30 @@ class CatalogConfig(_Section):
     """Profile YAML files (SPEC C2). Default: the bundled demo profiles."""
     hot_reload: bool = True
     """Watch the files and push new catalogs when they change (SPEC C3)."""
-    reload_interval: float = 1.0
+    reload_interval: float = Field(1.0, gt=0)
     """Seconds between checks of the catalog files' modification times."""
 
 
 class LimitsConfig(_Section):
-    max_inflight_calls: int = 32
+    max_inflight_calls: int = Field(32, ge=1)
     """Calls running or awaiting approval at once, per session (SPEC E2)."""
-    invoke_rate: float = 50.0
+    invoke_rate: float = Field(50.0, gt=0)
     """Sustained invokes per second per session (token bucket, SPEC E2)."""
-    invoke_burst: int = 100
+    invoke_burst: int = Field(100, ge=1)
     """Invokes a session may send at once before the rate applies."""
-    max_sessions_per_user: int = 20
+    max_sessions_per_user: int = Field(20, ge=1)
     """Live plus resumable sessions one user may hold (SPEC E2)."""
-    max_pending_approvals: int = 16
+    max_pending_approvals: int = Field(16, ge=1)
     """Approvals awaiting a decision, per session (SPEC E2)."""
-    max_context_bytes: int = 16384
+    max_context_bytes: int = Field(16384, ge=0)
     """Size of a session context as JSON (SPEC S5, E2); hello or context.update past it
     is refused ``context_too_large``."""
 
 
 class CallsConfig(_Section):
-    default_timeout: float = 30.0
+    default_timeout: float = Field(30.0, ge=0)
     """Run timeout of a sync tool without its own (SPEC I8); 0 disables."""
-    approval_timeout: float = 3600.0
+    approval_timeout: float = Field(3600.0, gt=0)
     """Seconds an approval may stay pending before it is denied (SPEC A4)."""
     declined_message: str = (
         "The user declined this tool call. Do not retry it; ask the user how to proceed."
@@ -106,39 +131,94 @@ class CallsConfig(_Section):
     """``module:function`` pre-execute hooks, in order (SPEC I6)."""
     post_hooks: list[str] = Field(default_factory=list)
     """``module:function`` post-execute hooks, in order (SPEC I10)."""
-    worker_threads: int = 32
-    """Threads for plain (non-async) handlers (SPEC S3)."""
-    audit_param_bytes: int = 1024
+    worker_threads: int = Field(32, ge=1)
+    """Threads for plain (non-async) handlers of sync calls (SPEC S3). Jobs have threads
+    of their own (``jobs.worker_threads``), so a quick call never queues behind jobs."""
+    threads_per_session: int = Field(8, ge=1)
+    """Of ``worker_threads``, how many one session may hold at once (SPEC E3). A handler
+    holds its thread until it really returns, even past its timeout."""
+    threads_per_user: int = Field(16, ge=1)
+    """Of ``worker_threads``, how many one user (tenant + user) may hold at once, over all
+    their sessions (SPEC E3)."""
+    thread_wait: float = Field(5.0, ge=0)
+    """Seconds a sync call waits for a thread when its session's, its user's or the whole
+    share is in use; then it ends ``call.error`` ``busy`` without having run (SPEC E3).
+    The call's timeout counts from the handler's start."""
+    audit_param_bytes: int = Field(1024, ge=0)
     """Parameters are truncated to this many bytes of JSON in audit records (SPEC I11)."""
+    call_id_window: float = Field(86400.0, gt=0)
+    """Seconds a ``call_id`` stays an idempotency key of its principal (tenant + user),
+    whatever happens to the session that used it (SPEC I15): a re-send from any of the
+    principal's sessions within it attaches to the call or gets its recorded outcome."""
 
 
 class JobsConfig(_Section):
-    max_concurrent: int = 64
+    max_concurrent: int = Field(64, ge=1)
     """Jobs running at once across the server (SPEC J1)."""
-    max_per_session: int = 8
+    max_per_session: int = Field(8, ge=1)
     """Jobs running at once per session; more wait ``queued`` (SPEC J1)."""
-    progress_interval: float = 0.25
+    max_per_user: int = Field(32, ge=1)
+    """Jobs running at once per user (tenant + user) over all their sessions, so one user
+    cannot take every server slot; more wait ``queued`` (SPEC J1, E3)."""
+    worker_threads: int = Field(32, ge=1)
+    """Threads for plain (non-async) job handlers, apart from those of sync calls (SPEC
+    E3). A job waiting for one stays ``queued``."""
+    threads_per_session: int = Field(8, ge=1)
+    """Of ``jobs.worker_threads``, how many one session may hold at once (SPEC E3); a
+    handler past its timeout holds its thread until it returns."""
+    threads_per_user: int = Field(16, ge=1)
+    """Of ``jobs.worker_threads``, how many one user (tenant + user) may hold (SPEC E3)."""
+    progress_interval: float = Field(0.25, ge=0)
     """Minimum seconds between two ``job.progress`` events of one job (SPEC J2)."""
-    retention: float = 7 * 24 * 3600.0
+    retention: float = Field(7 * 24 * 3600.0, ge=0)
     """Seconds finished jobs stay readable with job.get/job.list (SPEC D2)."""
 
 
 class SessionsConfig(_Section):
-    resume_window: float = 120.0
+    resume_window: float = Field(120.0, ge=0)
     """Seconds a disconnected session stays resumable (SPEC D2, D3)."""
-    max_unacked_events: int = 10_000
+    max_unacked_events: int = Field(10_000, ge=1)
     """Unacknowledged events kept per session; older ones are dropped (SPEC D2)."""
-    max_call_records: int = 10_000
-    """Finished calls per session whose outcome is kept for idempotent re-sends (SPEC
-    I12); an older call_id re-sent is a new call."""
+    max_call_records: int = Field(10_000, ge=0)
+    """Finished calls per session whose outcome the session keeps for its own re-sends
+    (SPEC I12); an older call_id re-sent still gets its recorded outcome from the
+    principal's call ledger within ``calls.call_id_window`` (SPEC I15), never a new run."""
+    purge_interval: float = Field(60.0, gt=0)
+    """Seconds between purges of expired sessions and old jobs (SPEC D2); a failing
+    purge is logged and retried with backoff."""
+
+
+class StoreConfig(_Section):
+    unavailable_after: float = Field(1.0, ge=0)
+    """Seconds commits may keep failing (store locked, busy, disk full) before new calls
+    are refused ``unavailable`` and ``/readyz`` answers 503 (SPEC D6). Events staged
+    meanwhile are held, never sent, and committed when the store recovers."""
+    retry_max: float = Field(0.5, gt=0)
+    """Longest pause, in seconds, between two attempts to commit a failed batch; the
+    pause starts at 5 ms and doubles (SPEC D6)."""
+    url: str | None = Field(None, pattern=r"^postgres(ql)?://")
+    """``None``: the embedded SQLite store in ``data_dir``. A ``postgresql://`` URL: the
+    PostgreSQL store, shared by every node pointed at it (SPEC N1; docs/deploy.md). Env:
+    ``TOOLBUS_STORE__URL``."""
 
 
 class LogConfig(_Section):
     level: str = "INFO"
+    """Operational log level: DEBUG, INFO, WARNING, ERROR or CRITICAL (any case)."""
     json_logs: bool = True
     """Structured JSON lines on stderr (SPEC O3)."""
     audit_file: Path | None = None
     """Append audit records (SPEC I11) as JSON lines here; default: the data folder."""
+
+    @field_validator("level")
+    @classmethod
+    def _known_level(cls, value: str) -> str:
+        if value.upper() not in _LEVELS:
+            raise ValueError(f"unknown log level {value!r}; one of {', '.join(_LEVELS)}")
+        return value.upper()
+
+
+_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 class Settings(BaseSettings):
@@ -161,6 +241,7 @@ class Settings(BaseSettings):
     calls: CallsConfig = Field(default_factory=CallsConfig)
     jobs: JobsConfig = Field(default_factory=JobsConfig)
     sessions: SessionsConfig = Field(default_factory=SessionsConfig)
+    store: StoreConfig = Field(default_factory=StoreConfig)
     log: LogConfig = Field(default_factory=LogConfig)
 
     @classmethod
@@ -229,11 +310,16 @@ def load_settings(path: Path | None = None, **overrides: Any) -> Settings:
         pydantic.ValidationError: a key is unknown or a value has the wrong type; the
             message names the key.
         FileNotFoundError: ``path`` does not exist.
+        IsADirectoryError: ``path`` is a folder.
+        yaml.YAMLError: the file is not valid YAML.
+        pydantic_settings.SettingsError: an environment variable cannot be parsed.
     """
     if path is None:
         return Settings(**overrides)
     if not path.exists():
         raise FileNotFoundError(path)
+    if path.is_dir():
+        raise IsADirectoryError(path)
 
     class FileSettings(Settings):
         model_config = SettingsConfigDict(yaml_file=path)
@@ -297,7 +383,24 @@ def _row(key: str, field: Any, env: str) -> str:
     else:
         shown = _show(default)
     text = " ".join((field.description or "").split()).replace("|", "\\|")
+    bounds = _bounds(field)
+    if bounds:
+        text += f" Range: {bounds}."
     return f"| `{key}` | `{shown}` | `{env}` | {text} |"
+
+
+_BOUND_SIGNS = (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<"))
+
+
+def _bounds(field: Any) -> str:
+    """A field's ``Field(ge=…, gt=…, le=…)`` constraints as text, e.g. ``>= 0, <= 65535``."""
+    parts = []
+    for item in field.metadata:
+        for attr, sign in _BOUND_SIGNS:
+            value = getattr(item, attr, None)
+            if value is not None:
+                parts.append(f"{sign} {value}")
+    return ", ".join(parts)
 
 
 def _show(value: Any) -> str:

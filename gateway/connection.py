@@ -1,10 +1,15 @@
 """One WebSocket connection: hello, the session it opens or resumes, and its messages.
 
-The sans-I/O :class:`protocol.session.Connection` says what is legal; this module does
-the I/O around it. Client messages are dispatched through the table
-:data:`Handler.TABLE` (type -> method), not an if-chain. Every error becomes either an
-``error`` reply or a close, in :meth:`Handler._protocol_error`; an unexpected exception
-closes 1011 with no reason text and is logged with its traceback (STYLE.md).
+The sans-I/O :class:`protocol.connection_state.Connection` says what is legal; this module does
+the I/O around it. ``hello`` is opened by :class:`gateway.hello.SessionOpener`; the
+client messages after it are dispatched through the table
+:data:`ConnectionHandler.BY_CLASS` (message class -> method), not an if-chain or method
+names, and answered by :class:`gateway.session_requests.SessionRequests`. Every error
+becomes either an ``error`` reply or a close, in
+:meth:`ConnectionHandler._protocol_error`; an unexpected exception closes 1011 with no
+reason text and is logged with its traceback. The handler takes its parts as one
+:class:`ConnectionParts`, built once before serving (:mod:`gateway.wiring`), never the
+server.
 """
 
 from __future__ import annotations
@@ -13,70 +18,87 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
+from pydantic import BaseModel
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
-from gateway.auth import AuthError, Identity, bearer
-from gateway.jobs import job_info
-from gateway.outbox import Link, Replay
-from gateway.session import Session, TokenBucket
+from gateway.config import ServerConfig
+from gateway.hello import Refused, SessionOpener
+from gateway.metrics import Metrics
+from gateway.outbox import Link, Outbox
+from gateway.session import Session, SessionTable, TokenBucket
+from gateway.session_requests import SessionRequests
+from gateway.store import StoreUnavailable
 from protocol import messages as m
-from protocol.codec import encode, encode_json
+from protocol.codec import encode
+from protocol.connection_state import Connection, Ignored, State
 from protocol.errors import CloseCode, ErrorCode, ProtocolError, StateError, close_reason
-from protocol.session import Connection, Ignored, State
-from protocol.version import SUBPROTOCOL_V1
+from protocol.messages import type_name
 
-if TYPE_CHECKING:
-    from gateway.server import Gateway
+__all__ = ["ConnectionHandler", "ConnectionParts", "Refused", "bucket_factory"]
 
 logger = logging.getLogger("gateway.connection")
 
-REPLAY_PAGE = 256
-"""Events read from the store per page while replaying (SPEC D3)."""
+
+@dataclass(frozen=True, slots=True)
+class ConnectionParts:
+    """What every connection uses, built once before serving (:mod:`gateway.wiring`).
+
+    Attributes:
+        server: the server settings (hello timeout, depth, outbound bound, drain hint).
+        opener: opens or resumes the session of a ``hello`` (SPEC S1, S2, D3, D4).
+        requests: answers an open session's requests (SPEC C3, I, A3, J3, S5, S6).
+        sessions: the session table (a closed socket parks its session, SPEC D2).
+        outbox: flushed before a lapsed credential's close (SPEC S6).
+        metrics: the server's metrics.
+        clock: Unix time in seconds.
+        draining: ``True`` once the server drains: a hello starts nothing (SPEC S4).
+    """
+
+    server: ServerConfig
+    opener: SessionOpener
+    requests: SessionRequests
+    sessions: SessionTable
+    outbox: Outbox
+    metrics: Metrics
+    clock: Callable[[], float]
+    draining: Callable[[], bool]
 
 
-class Refused(Exception):
-    """``hello`` was refused: send ``error`` with ``code``, then close."""
+class ConnectionHandler:
+    """Serves one socket from the upgrade to the close (SPEC S1-S5, D3-D5, E1).
 
-    def __init__(self, code: ErrorCode, message: str, close: CloseCode) -> None:
-        super().__init__(message)
-        self.code, self.message, self.close = code, message, close
+    Args:
+        parts: what every connection uses, built once (:func:`gateway.wiring`).
+        ws: the accepted WebSocket connection.
+    """
 
+    BY_CLASS: ClassVar[dict[type[BaseModel], Callable[[ConnectionHandler, Any], None]]]
+    """The dispatch table (SPEC S1): client message class -> handler method, filled in
+    below the class. A class the protocol accepts once open but this table lacks is a
+    lookup miss that ``tests/gateway/test_dispatch_table.py`` finds before a client."""
+    TABLE: ClassVar[dict[str, str]]
+    """The same table by wire type name -> method name, for docs and tests."""
 
-class Handler:
-    """Serves one socket from the upgrade to the close (SPEC S1-S5, D3-D5, E1)."""
-
-    TABLE: ClassVar[dict[str, str]] = {
-        "catalog.get": "on_catalog_get",
-        "invoke": "on_invoke",
-        "call.cancel": "on_call_cancel",
-        "tool.confirm": "on_tool_confirm",
-        "grants.list": "on_grants_list",
-        "grants.revoke": "on_grants_revoke",
-        "job.get": "on_job_get",
-        "job.list": "on_job_list",
-        "job.cancel": "on_job_cancel",
-        "ack": "on_ack",
-        "context.update": "on_context_update",
-        "bye": "on_bye",
-    }
-
-    def __init__(self, gateway: Gateway, ws: ServerConnection) -> None:
-        self.gw = gateway
+    def __init__(self, parts: ConnectionParts, ws: ServerConnection) -> None:
+        self.parts = parts
+        self.requests = parts.requests
         self.ws = ws
-        cfg = gateway.settings.server
+        cfg = parts.server
         self.state = Connection(time.monotonic(), cfg.hello_timeout, cfg.max_depth)
         self.link = Link(ws, cfg.max_outbound_bytes, self._on_overflow)
         self.session: Session | None = None
         self.log: logging.LoggerAdapter[logging.Logger] = logging.LoggerAdapter(logger, {})
         self._closing: asyncio.Task[None] | None = None
         self._debug = logger.isEnabledFor(logging.DEBUG)
-        """Cached once per connection: the receive loop is the hot path (STYLE.md)."""
+        """Cached once per connection: the receive loop is the hot path."""
 
     def _on_overflow(self) -> None:
-        self.gw.metrics.closes.labels(str(int(CloseCode.TRY_AGAIN_LATER))).inc()
+        """A slow consumer is closed 1013 (SPEC D5); counted with every close in
+        :meth:`_count_close`."""
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -96,15 +118,28 @@ class Handler:
             closing = self._closing or self.link.closer
             if closing is not None:
                 await asyncio.shield(closing)
+            self._count_close()
             self.state.closed()
             self.link.detach()
             session = self.session
             if session is not None:
-                self.gw.sessions.park(session, self.link, self.gw.clock())
+                self.parts.sessions.park(session, self.link, self.parts.clock())
                 self.log.info("socket closed; session parked")
 
+    def _count_close(self) -> None:
+        """Count the close this server started, by the code it sent (SPEC O2).
+
+        The one place closes are counted: whichever path closed the socket (ours, a
+        writer failure, or websockets itself for 1002, 1007 and 1009), the code is the
+        one in the close frame sent. Closes the client started are not counted.
+        """
+        protocol = self.ws.protocol
+        sent = protocol.close_sent
+        if sent is not None and not protocol.close_rcvd_then_sent:
+            self.parts.metrics.closes.labels(str(int(sent.code))).inc()
+
     async def _handshake(self) -> bool:
-        timeout = self.gw.settings.server.hello_timeout or None
+        timeout = self.parts.server.hello_timeout or None
         try:
             async with asyncio.timeout(timeout):
                 raw = await self.ws.recv()
@@ -120,27 +155,32 @@ class Handler:
             self._fail(received, received.close or CloseCode.POLICY_VIOLATION)
             return False
         assert isinstance(received, m.Hello)
-        if self.gw.draining:
+        if self.parts.draining():
             # SPEC S4: a hello that arrives during a drain starts nothing here.
             hint = m.Reconnect(
-                reason="server restart", retry_after=self.gw.settings.server.drain_retry_after
+                reason="server restart", retry_after=self.parts.server.drain_retry_after
             )
             self.link.push(encode(hint))
             self._flush_and_close(CloseCode.SERVICE_RESTART, "server restart")
             return False
         try:
-            self._open(received)
+            self.parts.opener.open(received, self.ws, self.link, self.state, self._adopt)
         except Refused as refusal:
-            self.gw.metrics.errors.labels(refusal.code.value).inc()
+            self.parts.metrics.errors.labels(refusal.code.value).inc()
             self.link.push(
                 encode(m.Error(id=received.id, code=refusal.code, message=refusal.message))
             )
             await self.link.flush_and_close(refusal.close, close_reason(refusal.message))
-            self.gw.metrics.closes.labels(str(int(refusal.close))).inc()
             return False
         return True
 
+    def _adopt(self, session: Session) -> None:
+        """The hello's session is known: this socket parks it when it closes."""
+        self.session = session
+        self.log = logging.LoggerAdapter(logger, {"session": session.id})
+
     async def _loop(self) -> None:
+        table = self.BY_CLASS
         while True:
             raw = await self.ws.recv()
             received = (
@@ -154,16 +194,37 @@ class Handler:
                 continue
             if self._debug:
                 self.log.debug("received %s", received.type)  # the type only, never payloads
-            getattr(self, self.TABLE[received.type])(received)
-            if self.state.state is State.CLOSING:
+            try:
+                table[type(received)](self, received)
+            except StoreUnavailable as exc:
+                self._store_unavailable(received, exc)
+            if self.state.state is State.CLOSING or self.link.closed:
+                # A closed link (slow consumer, writer failure) takes no more requests:
+                # their events would pile up in a log nobody reads (SPEC D5).
                 return
+
+    def _store_unavailable(self, msg: m.ClientMessage, exc: StoreUnavailable) -> None:
+        """SPEC D6, N7: a store read this request needed failed (a networked store lost
+        its connection). Nothing was started; the client gets a typed ``unavailable``
+        and may send the same request again."""
+        self.log.warning("request %s refused, store unavailable: %s", msg.type, exc)
+        self.parts.metrics.errors.labels(ErrorCode.UNAVAILABLE.value).inc()
+        call_id = getattr(msg, "call_id", None)
+        self.s.reply(
+            m.Error(
+                id=getattr(msg, "id", None),
+                code=ErrorCode.UNAVAILABLE,
+                message="the store cannot be read right now; try again later",
+                details={"call_id": call_id} if isinstance(call_id, str) else None,
+            )
+        )
 
     def _protocol_error(self, error: ProtocolError) -> bool:
         """Answer or close for one protocol error (SPEC E1); ``False`` when closing."""
         if error.close is not None:
             self._fail(error)
             return False
-        self.gw.metrics.errors.labels(error.code.value).inc()
+        self.parts.metrics.errors.labels(error.code.value).inc()
         frame = encode(m.Error(id=error.request_id, code=error.code, message=error.message))
         if self.session is not None:
             self.session.emit_raw(frame)
@@ -175,10 +236,9 @@ class Handler:
         """Send ``error``, then close with ``close`` (default: the error's own close code)."""
         code = close or error.close
         assert code is not None
-        self.gw.metrics.errors.labels(error.code.value).inc()
+        self.parts.metrics.errors.labels(error.code.value).inc()
         self.link.push(encode(m.Error(id=error.request_id, code=error.code, message=error.message)))
         self._flush_and_close(code, close_reason(error.message))
-        self.gw.metrics.closes.labels(str(int(code))).inc()
         self.state.start_closing()
 
     def _flush_and_close(self, code: CloseCode, reason: str) -> None:
@@ -187,264 +247,98 @@ class Handler:
         self._closing = asyncio.get_running_loop().create_task(closing)
 
     def _close(self, code: CloseCode, reason: str) -> None:
-        self.gw.metrics.closes.labels(str(int(code))).inc()
         self.link.close(code, reason)
         self.state.start_closing()
 
-    # -- hello (SPEC S1, S2, D3, D4) -----------------------------------------------------
-
-    def _identity(self, hello: m.Hello) -> Identity:
-        credential = hello.token or bearer(
-            self.ws.request.headers.get("Authorization") if self.ws.request else None
-        )
-        try:
-            return self.gw.authenticator.authenticate(credential)
-        except AuthError as exc:
-            self.log.warning("authentication failed: %s", exc)
-            raise Refused(
-                ErrorCode.AUTH_FAILED, "authentication failed", CloseCode.AUTH_FAILED
-            ) from exc
-
-    def _open(self, hello: m.Hello) -> None:
-        identity = self._identity(hello)
-        gw = self.gw
-        session, resumed = self._resumable(hello, identity)
-        if session is None:
-            session = self._new_session(hello, identity)
-        self.session = session
-        self.log = logging.LoggerAdapter(logger, {"session": session.id})
-        session.origin = self._origin()
-        gw.outbox.flush()
-        old = gw.sessions.attach(session, self.link)
-        if old is not None:
-            self.log.info("session taken over by a new socket (SPEC D4)")
-            old.close(CloseCode.SESSION_REPLACED, "session resumed on another connection")
-        self.state.accept_hello()
-        gw.metrics.connections.inc()
-        token = self._resume_token
-        self.link.push(encode(self._welcome(hello, session, token, resumed)))
-        if resumed:
-            self._replay(session, hello.last_seq or 0)
-            gw.catalog.push(session, m.CatalogReason.RELOAD)
-        else:
-            gw.catalog.push(session, m.CatalogReason.INITIAL, force=True)
-        self.log.info("session %s (resumed=%s, user=%s)", session.id, resumed, session.user)
-
-    _resume_token: str = ""
-
-    def _resumable(self, hello: m.Hello, identity: Identity) -> tuple[Session | None, bool]:
-        session = self.gw.sessions.get(hello.session_id)
-        if (
-            session is None
-            or not hello.resume_token
-            or not session.token_matches(hello.resume_token)
-        ):
-            return None, False
-        if (session.user, session.tenant) != (identity.user, identity.tenant) or (
-            hello.profile and hello.profile != session.profile.name
-        ):
-            return None, False
-        last = hello.last_seq or 0
-        if last < session.floor_seq or last > session.last_seq:
-            # SPEC D3: the history no longer reaches back (or the client claims events it
-            # was never sent): resumed false. The old session is left alone, parked
-            # until its own window ends; a client mistake does not cancel its work.
-            return None, False
-        self._resume_token = hello.resume_token
-        return session, True
-
-    def _new_session(self, hello: m.Hello, identity: Identity) -> Session:
-        gw = self.gw
-        name = hello.profile
-        if name is None and len(identity.profiles) == 1:
-            name = next(iter(identity.profiles))
-        if name is None or name not in identity.profiles:
-            granted = ", ".join(sorted(identity.profiles)) or "none"
-            asked = "hello names no profile" if name is None else f"profile {name!r} is not granted"
-            raise Refused(
-                ErrorCode.PROFILE_DENIED, f"{asked}; granted: {granted}", CloseCode.AUTH_FAILED
-            )
-        limits = gw.settings.limits
-        if gw.sessions.count_for(identity.user, identity.tenant) >= limits.max_sessions_per_user:
-            raise Refused(
-                ErrorCode.TOO_MANY_SESSIONS,
-                "too many sessions for this user",
-                CloseCode.TRY_AGAIN_LATER,
-            )
-        if self._context_too_large(hello.context):
-            raise Refused(
-                ErrorCode.CONTEXT_TOO_LARGE,
-                f"context over {limits.max_context_bytes} bytes",
-                CloseCode.POLICY_VIOLATION,
-            )
-        profile = gw.catalog.current.profile(name)
-        session, token = gw.sessions.new(
-            identity.user,
-            identity.tenant,
-            profile,
-            dict(hello.context),
-            hello.options.model_dump(),
-            gw.bucket(),
-            gw.clock(),
-        )
-        self._resume_token = token
-        return session
-
-    def _origin(self) -> str | None:
-        request = self.ws.request
-        return request.headers.get("Origin") if request is not None else None
-
-    def _welcome(self, hello: m.Hello, session: Session, token: str, resumed: bool) -> m.Welcome:
-        return m.Welcome(
-            id=hello.id,
-            protocol=SUBPROTOCOL_V1,
-            session_id=session.id,
-            resume_token=token,
-            resumed=resumed,
-            last_seq=session.last_seq,
-            user=session.user,
-            profile=session.profile.name,
-            limits=self.gw.limits,
-        )
-
-    def _replay(self, session: Session, after: int) -> None:
-        """SPEC D3: every logged event after ``after``, in order, once, then live.
-
-        The events are read a page at a time as the socket takes them (SPEC D5: a long
-        backlog must not overflow the bounded queue); events emitted from now on queue
-        behind the replay.
-        """
-        if after >= session.last_seq:
+    def close_lapsed(self, code: CloseCode, reason: str) -> None:
+        """SPEC S6: the credential expired or was revoked; close with its typed code.
+        The session is parked as after any drop; its resume authenticates afresh."""
+        if self.state.state is not State.OPEN:
             return
-        store, session_id = self.gw.store, session.id
+        self.log.info("closing %d: %s", int(code), reason)
+        # What is queued for this socket (an auth.expiring due in the same loop turn,
+        # events) goes out before the close, not dropped by it.
+        self.parts.outbox.flush()
+        self._flush_and_close(code, close_reason(reason))
+        self.state.start_closing()
 
-        def page(cursor: int) -> list[tuple[int, bytes]]:
-            return store.events_after(session_id, cursor, REPLAY_PAGE)
-
-        self.link.push_replay(Replay(page, after, session.last_seq))
-        self.gw.metrics.replayed.inc(session.last_seq - after)
-
-    # -- messages (state OPEN) -------------------------------------------------------------
+    # -- messages (state OPEN): each a line into SessionRequests ------------------------
 
     @property
     def s(self) -> Session:
         assert self.session is not None
         return self.session
 
+    def _current(self) -> Session | None:
+        return self.session
+
     def on_catalog_get(self, msg: m.CatalogGet) -> None:
-        """SPEC C3: "not modified" when the client's version is current."""
-        version, _, _ = self.gw.catalog.view(self.s)
-        if msg.version is not None and msg.version == version == self.s.catalog_version:
-            self.s.reply(m.CatalogNotModified(id=msg.id, version=version))
-            return
-        self.gw.catalog.push(self.s, m.CatalogReason.REQUESTED, force=True, request_id=msg.id)
+        self.requests.catalog_get(self.s, msg)
 
     def on_invoke(self, msg: m.Invoke) -> None:
-        self.gw.pipeline.accept(self.s, msg)
+        self.requests.invoke(self.s, msg)
 
     def on_call_cancel(self, msg: m.CallCancel) -> None:
-        if not self.gw.pipeline.cancel(self.s, msg.call_id):
-            self._error(msg.id, ErrorCode.UNKNOWN_CALL, f"no running call {msg.call_id!r}")
+        self.requests.call_cancel(self.s, msg)
 
     def on_tool_confirm(self, msg: m.ToolConfirm) -> None:
-        """SPEC A3: first decision wins; anything else is "not accepted" with a reason."""
-        reason = self.gw.approvals.confirm(self.s.id, self.s.user, msg.approval_id, msg.decision)
-        self.s.reply(
-            m.ConfirmResult(
-                id=msg.id, approval_id=msg.approval_id, accepted=reason is None, reason=reason
-            )
-        )
+        self.requests.tool_confirm(self.s, msg)
+
+    def on_elicit_answer(self, msg: m.ElicitAnswer) -> None:
+        self.requests.elicit_answer(self.s, msg)
 
     def on_grants_list(self, msg: m.GrantsList) -> None:
-        self.s.reply(m.Grants(id=msg.id, tools=sorted(self.s.grants)))
+        self.requests.grants_list(self.s, msg)
 
     def on_grants_revoke(self, msg: m.GrantsRevoke) -> None:
-        if msg.tool not in self.s.grants:
-            self._error(
-                msg.id, ErrorCode.UNKNOWN_GRANT, f"no 'always allow' grant for {msg.tool!r}"
-            )
-            return
-        self.s.grants.discard(msg.tool)
-        self.s.save()
-        self.s.reply(m.Grants(id=msg.id, tools=sorted(self.s.grants)))
-
-    def _own_job(self, request_id: str | None, job_id: str) -> Any:
-        """SPEC J3: only the caller's own jobs exist for it."""
-        active = self.gw.jobs.active.get(job_id)
-        row = active.row if active is not None else self.gw.store.job(job_id)
-        if row is None or row.user != self.s.user or row.tenant != self.s.tenant:
-            self._error(request_id, ErrorCode.UNKNOWN_JOB, f"no job {job_id!r}")
-            return None
-        return row
+        self.requests.grants_revoke(self.s, msg)
 
     def on_job_get(self, msg: m.JobGet) -> None:
-        row = self._own_job(msg.id, msg.job_id)
-        if row is not None:
-            self.s.reply(m.Job(id=msg.id, job=job_info(row, self.gw.jobs.progress_of(row.job_id))))
+        self.requests.job_get(self.s, msg)
 
     def on_job_list(self, msg: m.JobList) -> None:
-        self.gw.outbox.flush()
-        status = msg.status.value if msg.status is not None else None
-        rows = self.gw.store.jobs(self.s.user, self.s.tenant, status, msg.limit)
-        infos = [job_info(row, self.gw.jobs.progress_of(row.job_id)) for row in rows]
-        self.s.reply(m.Jobs(id=msg.id, jobs=infos))
+        self.requests.job_list(self.s, msg)
 
     def on_job_cancel(self, msg: m.JobCancel) -> None:
-        row = self._own_job(msg.id, msg.job_id)
-        if row is None:
-            return
-        task = self.gw.jobs.cancel(msg.job_id)
-        if task is None:
-            self._error(
-                msg.id, ErrorCode.JOB_FINISHED, f"job {msg.job_id!r} already ended ({row.state})"
-            )
-            return
-        asyncio.get_running_loop().create_task(self._reply_cancelled(msg, task))
-
-    async def _reply_cancelled(self, msg: m.JobCancel, task: asyncio.Task[None]) -> None:
-        """SPEC J3: answer ``job.cancel`` with the job's final state, once it is stored."""
-        await asyncio.wait({task})
-        row = self.gw.store.job(msg.job_id)
-        session = self.session
-        if row is not None and session is not None:
-            session.reply(m.Job(id=msg.id, job=job_info(row)))
+        self.requests.job_cancel(self.s, msg, self._current)
 
     def on_ack(self, msg: m.Ack) -> None:
         self.s.ack(msg.seq)
 
     def on_context_update(self, msg: m.ContextUpdate) -> None:
-        """SPEC S5: change the context, answer it, re-push the catalog if it changed."""
-        context = dict(self.s.context)
-        for key, value in msg.context.items():
-            if value is None:
-                context.pop(key, None)
-            else:
-                context[key] = value
-        if self._context_too_large(context):
-            limit = self.gw.settings.limits.max_context_bytes
-            self._error(msg.id, ErrorCode.CONTEXT_TOO_LARGE, f"context over {limit} bytes")
-            return
-        self.s.context = context
-        self.s.save()
-        self.s.reply(m.Context(id=msg.id, context=dict(context)))
-        self.gw.catalog.push(self.s, m.CatalogReason.CONTEXT)
-
-    def _context_too_large(self, context: dict[str, str]) -> bool:
-        """SPEC S5/E2: a context is stored, echoed and re-sent; keep it bounded."""
-        return len(encode_json(context)) > self.gw.settings.limits.max_context_bytes
+        self.requests.context_update(self.s, msg)
 
     def on_bye(self, msg: m.Bye) -> None:
         """End the session for good, close 4001 (SPEC A4: pending approvals denied, no resume)."""
         session = self.s
-        self.gw.sessions.end(session)
+        self.parts.sessions.end(session)
         self.session = None
-        self.gw.metrics.closes.labels(str(int(CloseCode.SESSION_ENDED))).inc()
         self._flush_and_close(CloseCode.SESSION_ENDED, "bye")
         self.state.start_closing()
 
-    def _error(self, request_id: str | None, code: ErrorCode, message: str) -> None:
-        self.gw.metrics.errors.labels(code.value).inc()
-        self.s.reply(m.Error(id=request_id, code=code, message=message))
+    def on_auth_refresh(self, msg: m.AuthRefresh) -> None:
+        self.requests.auth_refresh(self.s, msg)
+
+
+ConnectionHandler.BY_CLASS = {
+    m.CatalogGet: ConnectionHandler.on_catalog_get,
+    m.Invoke: ConnectionHandler.on_invoke,
+    m.CallCancel: ConnectionHandler.on_call_cancel,
+    m.ToolConfirm: ConnectionHandler.on_tool_confirm,
+    m.ElicitAnswer: ConnectionHandler.on_elicit_answer,
+    m.GrantsList: ConnectionHandler.on_grants_list,
+    m.GrantsRevoke: ConnectionHandler.on_grants_revoke,
+    m.JobGet: ConnectionHandler.on_job_get,
+    m.JobList: ConnectionHandler.on_job_list,
+    m.JobCancel: ConnectionHandler.on_job_cancel,
+    m.Ack: ConnectionHandler.on_ack,
+    m.ContextUpdate: ConnectionHandler.on_context_update,
+    m.Bye: ConnectionHandler.on_bye,
+    m.AuthRefresh: ConnectionHandler.on_auth_refresh,
+}
+ConnectionHandler.TABLE = {
+    type_name(cls): func.__name__ for cls, func in ConnectionHandler.BY_CLASS.items()
+}
 
 
 def bucket_factory(rate: float, burst: int) -> Callable[[], TokenBucket]:

@@ -25,6 +25,10 @@ def no_progress(fraction: float | None, message: str | None) -> None:
     """Progress sink of calls that are not jobs: progress has nowhere to go."""
 
 
+def no_recheck() -> None:
+    """The re-check of a context with no session behind it (tests, tools called directly)."""
+
+
 class ProgressRelay:
     """A progress sink that can be pointed at a job later (SPEC I14, J2): a sync call
     promoted to a job keeps the context its handler already holds, so the context's
@@ -58,6 +62,9 @@ class ToolContext:
             ``fraction`` in [0, 1] or ``None``. Safe to call from any thread; a no-op
             outside jobs; rate-limited by the server.
         tenant: the authenticated tenant, or ``None`` (SPEC S2).
+        recheck: server-internal: raises :class:`gateway.authority.Lapse` when the call's
+            authority lapsed since its gates were checked (SPEC A7);
+            :func:`gateway.execute.run_handler` calls it right before the handler starts.
     """
 
     session_id: str
@@ -71,6 +78,7 @@ class ToolContext:
     cancelled: threading.Event = field(default_factory=threading.Event)
     progress: ProgressFn = no_progress
     tenant: str | None = None
+    recheck: Callable[[], None] = field(default=no_recheck, repr=False, compare=False)
 
     @property
     def principal(self) -> str:

@@ -10,12 +10,12 @@ be plain functions or coroutine functions; configure them as ``module:function``
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from catalog.handlers import ImportFailed, import_guarded
 from catalog.model import ToolDef
 
 
@@ -56,8 +56,9 @@ def resolve(path: str) -> Callable[..., Any]:
     if not sep or not module_name or not attr:
         raise ValueError(f"hook {path!r} is not 'module:function'")
     try:
-        target = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
+        # Guarded: a hook module raising SystemExit at import is a load error (SPEC O5).
+        target = getattr(import_guarded(module_name), attr)
+    except (ImportFailed, AttributeError) as exc:
         raise ValueError(f"hook {path!r} cannot be imported: {exc}") from exc
     if not callable(target):
         raise ValueError(f"hook {path!r} is not callable")

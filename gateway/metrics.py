@@ -56,7 +56,40 @@ class Metrics:
             ["code"],
             registry=r,
         )
+        """Counted in one place, ``ConnectionHandler._count_close``, from the close frame the
+        server sent: every code, including websockets' own 1002, 1007 and 1009."""
+        self.store_commit_failures = Counter(
+            "toolbus_store_commit_failures_total",
+            "Commits the store could not write (held and retried, SPEC D6)",
+            registry=r,
+        )
+        self.store_available = Gauge(
+            "toolbus_store_available",
+            "1 while the store commits, 0 while new calls are refused unavailable (SPEC D6)",
+            registry=r,
+        )
         self.errors = Counter("toolbus_errors_total", "Error replies by code", ["code"], registry=r)
+        # SPEC E3: worker slots held per lane, and how many of those belong to handlers
+        # whose caller stopped waiting (timed out) but which have not returned yet.
+        self.worker_threads = Gauge(
+            "toolbus_worker_threads",
+            "Worker threads held by plain handlers, by lane (calls, jobs) and state",
+            ["lane", "state"],
+            registry=r,
+        )
+        self.loop_stalls = Counter(
+            "toolbus_loop_stalls_total",
+            "Times the event loop did not turn for longer than the watchdog threshold, "
+            "by the tool whose handler was running on it",
+            ["tool"],
+            registry=r,
+        )
+        self.tracked = Gauge(
+            "toolbus_tracked",
+            "Per-session and per-user entries the server holds, by kind (leak check)",
+            ["kind"],
+            registry=r,
+        )
 
         self._outcomes: dict[str, Any] = {}
         self._modes: dict[str, Any] = {}

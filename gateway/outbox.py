@@ -4,11 +4,17 @@ Every frame a session sends goes through :class:`Outbox`. Durable events were al
 staged in the store by :meth:`gateway.session.Session.emit`; the outbox commits all that
 is staged once per event-loop tick and only then hands the frames to the sockets, in
 order (SPEC D1: appended to the log before it is sent). Replies ride the same queue so
-that a reply never overtakes an event emitted before it.
+that a reply never overtakes an event emitted before it, except while the store cannot
+commit: then durable frames are held (never sent unstored, SPEC D6) and replies go on.
 
 :class:`Link` is one socket's writer: a queue bounded in bytes (SPEC D5). A peer that
-stops reading fills it and is closed with 1013; nothing is lost, since every durable
-event is in the log and comes back by replay on resume.
+stops reading fills it and is closed with 1013. What it missed is in the log and comes
+back by replay on resume, as long as the session keeps it: past
+``sessions.max_unacked_events`` unacknowledged events the oldest are dropped (SPEC D2)
+and that resume answers ``resumed: false``. So that a slow reader is told before that
+happens, :meth:`gateway.session.Session.emit` also closes the socket 1013 once the
+unacknowledged events pass 90% of the cap. Any other failure inside the writer (a store
+read error during replay) closes the socket 1011 with a log line; none leaves it silent.
 """
 
 from __future__ import annotations
@@ -16,8 +22,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -25,7 +32,8 @@ from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 from websockets.protocol import State
 
-from protocol.errors import CloseCode
+from gateway.store import StoreError, StoreUnavailable
+from protocol.errors import CloseCode, close_reason
 
 if TYPE_CHECKING:
     from gateway.store import Store
@@ -66,7 +74,7 @@ class Link:
     Args:
         ws: the server-side connection.
         max_bytes: bytes that may wait in the queue; past it the socket closes 1013.
-        on_overflow: called once when the bound is crossed (metrics, logs).
+        on_overflow: called once when the socket is closed as a slow consumer.
     """
 
     def __init__(
@@ -143,6 +151,14 @@ class Link:
     def queued_bytes(self) -> int:
         return self._queued_bytes
 
+    @property
+    def backlogged(self) -> bool:
+        """Whether frames wait to be written: the peer reads slower than we send."""
+        if self._queue:
+            return True
+        transport = self.ws.transport
+        return transport is not None and transport.get_write_buffer_size() > 0
+
     def close(self, code: CloseCode, reason: str) -> None:
         """Stop writing and close the socket with ``code`` (queued frames are dropped)."""
         if self.closed:
@@ -201,18 +217,30 @@ class Link:
                 self.ws.protocol.send_text(data)
 
     async def _replay(self, replay: Replay) -> bool:
+        """Send the logged events ``after < seq <= upto``; ``False`` at the first hole.
+
+        Every ``seq`` is checked, not only each page's first (SPEC D3, D6, case F27): a
+        page is sent only up to the event before a missing one, and the socket is then
+        closed, so a log with a hole is never delivered as if it were whole.
+        """
         cursor = replay.after
         while cursor < replay.upto:
             page = replay.page(cursor)
-            if not page or page[0][0] != cursor + 1:
-                # SPEC D2: the cap dropped events not yet replayed; the client must resync.
-                logger.warning("replay cut short at seq %d: history trimmed", cursor)
+            frames: list[bytes] = []
+            for seq, body in page:
+                if seq != cursor + len(frames) + 1 or seq > replay.upto:
+                    break
+                frames.append(body)
+            if frames:
+                await self._send_batch(frames)
+                cursor += len(frames)
+            if cursor < replay.upto and (not frames or len(frames) < len(page)):
+                # SPEC D2: the cap dropped events not yet replayed, or the log has a
+                # hole; the client must resync.
+                logger.warning(
+                    "replay cut short after seq %d: event %d missing", cursor, cursor + 1
+                )
                 return False
-            frames = [body for seq, body in page if seq <= replay.upto]
-            if not frames:
-                break
-            await self._send_batch(frames)
-            cursor = page[len(frames) - 1][0]
         return True
 
     async def _close(self, code: CloseCode, reason: str) -> None:
@@ -220,11 +248,16 @@ class Link:
             await self.ws.close(int(code), reason)
 
     def _overflow(self) -> None:
-        logger.warning(
-            "closing slow consumer: %d bytes queued > %d", self._queued_bytes, self.max_bytes
-        )
+        self.slow_consumer(f"{self._queued_bytes} bytes queued > {self.max_bytes}")
+
+    def slow_consumer(self, why: str) -> None:
+        """Close 1013 a reader that does not keep up (SPEC D5), before its session's log
+        drops what it has not acknowledged (SPEC D2); it resumes and gets the rest."""
+        if self.closed:
+            return
+        logger.warning("closing slow consumer: %s", why)
         self._on_overflow()
-        self.close(CloseCode.TRY_AGAIN_LATER, "slow consumer: outbound buffer full")
+        self.close(CloseCode.TRY_AGAIN_LATER, close_reason(f"slow consumer: {why}"))
 
     async def _drain(self) -> None:
         queue = self._queue
@@ -244,56 +277,183 @@ class Link:
         except ConnectionClosed:
             self.closed = True
             self._idle.set()
+        except Exception as exc:
+            # Whatever failed (a store read during replay, a bug), the socket must not
+            # stay open with nobody writing to it: close it, typed, and say why.
+            if isinstance(exc, StoreError):
+                logger.error("socket writer failed, closing 1011: %s", exc)
+            else:
+                logger.exception("socket writer failed, closing 1011")
+            self._idle.set()
+            if not self.closed:
+                self.close(CloseCode.INTERNAL_ERROR, "internal error")
 
 
 class Outbox:
-    """Group commit and ordered delivery for every session (SPEC D1).
+    """Group commit and ordered delivery for every session (SPEC D1, D6).
+
+    Durable before sent: a durable frame (an event :meth:`gateway.session.Session.emit`
+    staged) is handed to a socket only after the :meth:`Store.commit` that holds it
+    succeeded. When a commit fails (:class:`~gateway.store.StoreUnavailable`), the store
+    keeps what was staged and this outbox keeps the frames, in order; it retries on a
+    timer (5 ms, doubling up to ``retry_max``), never by waiting on the event loop, and
+    sends them once a commit succeeds. Replies (not logged) are not held: during a
+    failure they may overtake held events, which follow in order.
+
+    While commits have failed for longer than ``unavailable_after`` seconds,
+    :attr:`unavailable` is true: new calls and sessions are refused ``unavailable`` and
+    ``/readyz`` answers 503. It turns false by itself at the first good commit.
 
     Args:
         store: the store whose staged writes :meth:`flush` commits.
+        unavailable_after: seconds of failing commits before :attr:`unavailable`.
+        retry_max: longest pause between two commit attempts, in seconds.
+        on_failure: called once per failed commit attempt (metrics).
     """
 
-    def __init__(self, store: Store) -> None:
+    RETRY_FIRST = 0.005
+    """First pause, in seconds, before a failed commit is tried again."""
+
+    def __init__(
+        self,
+        store: Store,
+        unavailable_after: float = 1.0,
+        retry_max: float = 0.5,
+        on_failure: Callable[[], None] | None = None,
+    ) -> None:
         self._store = store
-        self._pending: list[tuple[Recipient, bytes]] = []
+        self._pending: list[tuple[Recipient, bytes, bool]] = []
+        self._held: list[tuple[Recipient, bytes, bool]] = []
+        """Durable frames whose commit failed, oldest first (SPEC D6)."""
         self._scheduled = False
         self._closed = False
+        self.unavailable_after = unavailable_after
+        self.retry_max = retry_max
+        self._on_failure = on_failure
+        self.failing_since: float | None = None
+        """``time.monotonic()`` of the first failed commit of the current run of failures."""
+        self._attempts = 0
+        self._next_try = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self._declared = False
 
-    def put(self, recipient: Recipient, data: bytes) -> None:
-        """Queue a frame for ``recipient``; it leaves after the next commit. Dropped once
+    @property
+    def unavailable(self) -> bool:
+        """Whether commits have failed for longer than ``unavailable_after`` (SPEC D6)."""
+        since = self.failing_since
+        return since is not None and time.monotonic() - since >= self.unavailable_after
+
+    @property
+    def held(self) -> int:
+        """Durable frames waiting for a commit that failed."""
+        return len(self._held)
+
+    def put(self, recipient: Recipient, data: bytes, durable: bool = False) -> None:
+        """Queue a frame for ``recipient``; it leaves after the next successful commit if
+        ``durable`` (its event is staged), else after the next flush. Dropped once
         :meth:`close` ran."""
         if self._closed:
             return
-        self._pending.append((recipient, data))
+        self._pending.append((recipient, data, durable))
         if not self._scheduled:
             self._scheduled = True
             asyncio.get_running_loop().call_soon(self.flush)
 
-    def flush(self) -> None:
+    def flush(self) -> bool:
         """Commit what is staged, then deliver the queued frames in order.
+
+        Returns:
+            ``True`` when the commit succeeded and every queued frame was delivered;
+            ``False`` when the store could not commit (durable frames are held, replies
+            delivered) or the outbox is closed.
 
         Frames of a recipient without a link are dropped here: durable ones are in the
         log and come back by replay (SPEC D3); replies to a gone socket have no reader.
         """
         self._scheduled = False
         if self._closed:
-            return
-        self._store.commit()
+            return False
         pending, self._pending = self._pending, []
-        batches: dict[Link, list[bytes]] = {}
-        for recipient, data in pending:
-            link = recipient.link
-            if link is not None:
-                batches.setdefault(link, []).append(data)
-        for link, frames in batches.items():
-            link.push_many(frames)
+        if not self._commit():
+            self._held.extend(item for item in pending if item[2])
+            _deliver(item for item in pending if not item[2])
+            return False
+        if self._held:
+            pending, self._held = self._held + pending, []
+        _deliver(pending)
+        return True
+
+    def commit(self) -> bool:
+        """Commit what is staged now, without delivering: queued frames still leave at
+        the next :meth:`flush`, in order. ``False`` when the store could not commit (or
+        the outbox is closed). The pipeline calls it so that a call's ledger row is
+        durable before a handler with side effects starts (SPEC I15)."""
+        return not self._closed and self._commit()
+
+    def _commit(self) -> bool:
+        now = time.monotonic()
+        if self.failing_since is not None and now < self._next_try:
+            return False  # failing: the retry timer decides when to try again
+        try:
+            self._store.commit()
+        except StoreUnavailable as exc:
+            self._failed(exc, now)
+            return False
+        if self.failing_since is not None:
+            logger.warning(
+                "store commits again after %.3f s; %d held events sent",
+                now - self.failing_since,
+                len(self._held),
+            )
+            self.failing_since, self._attempts, self._declared = None, 0, False
+        return True
+
+    def _failed(self, exc: StoreUnavailable, now: float) -> None:
+        if self._on_failure is not None:
+            self._on_failure()
+        if self.failing_since is None:
+            self.failing_since = now
+            logger.warning("store commit failed, holding its events and retrying: %s", exc)
+        elif not self._declared and self.unavailable:
+            self._declared = True
+            logger.error(
+                "store unavailable for %.3f s, refusing new calls: %s",
+                now - self.failing_since,
+                exc,
+            )
+        delay = min(self.RETRY_FIRST * 2**self._attempts, self.retry_max)
+        self._attempts += 1
+        self._next_try = now + delay
+        if self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(delay, self._retry)
+
+    def _retry(self) -> None:
+        self._timer = None
+        self._next_try = 0.0
+        self.flush()
 
     def close(self) -> None:
         """Flush, then stop for good, before the store closes (SPEC S4 drain).
 
         Calls still running in this process end later and emit into a store that is
         gone; those events are dropped, neither committed nor sent. The next server
-        reports such calls from its own recovery (SPEC D3, J5).
+        reports such calls from its own recovery (SPEC D3, J5). Held frames whose
+        commit still fails are dropped unsent (SPEC D6).
         """
         self.flush()
         self._closed = True
+        self._held.clear()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+
+def _deliver(items: Iterable[tuple[Recipient, bytes, bool]]) -> None:
+    """Hand frames to their recipients' current links, one batch per link, in order."""
+    batches: dict[Link, list[bytes]] = {}
+    for recipient, data, _ in items:
+        link = recipient.link
+        if link is not None:
+            batches.setdefault(link, []).append(data)
+    for link, frames in batches.items():
+        link.push_many(frames)

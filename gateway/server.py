@@ -20,8 +20,9 @@ import logging
 import signal
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
+from typing import Any, cast
 from urllib.parse import parse_qs, urlsplit
 
 from websockets.asyncio.server import Server, ServerConnection, serve
@@ -29,18 +30,30 @@ from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 from websockets.typing import Subprotocol
 
+from catalog.model import ToolDef
 from gateway import hooks
 from gateway.approvals import Approvals
 from gateway.auth import Authenticator, ChainAuthenticator, JwtAuthenticator, TokenFileAuthenticator
+from gateway.authority import Authority
 from gateway.catalog_state import CatalogState
 from gateway.config import Settings
-from gateway.connection import Handler, bucket_factory
-from gateway.jobs import JobRunner
+from gateway.connection import ConnectionHandler, bucket_factory
+from gateway.context import ToolContext
+from gateway.jobs import JobRunner, PostProcess
+from gateway.ledger import CallLedger
+from gateway.mcp.elicit import Elicitations
+from gateway.mcp.mounts import McpMounts
+from gateway.mcp.route import McpHttp, Sniffer
+from gateway.mcp.serve import McpEndpoint
 from gateway.metrics import Metrics
 from gateway.outbox import Outbox
-from gateway.pipeline import Pipeline
 from gateway.session import Session, SessionTable
-from gateway.store import SqliteStore, Store
+from gateway.store import JobRow, Store
+from gateway.stores import open_store
+from gateway.tasks import TaskSet, periodic
+from gateway.watchdog import Watchdog
+from gateway.wiring import build_connection_parts, build_pipeline
+from gateway.workers import Lane, Workers
 from gateway.wsconn import CoalescingConnection
 from protocol import messages as m
 from protocol.codec import decode_json, encode
@@ -141,8 +154,13 @@ class Gateway:
         self.clock = time.time
         self.metrics = Metrics()
         self.authenticator = authenticator or build_authenticator(settings)
-        self.store: Store = store or SqliteStore(settings.data_dir / "toolbus.db")
-        self.catalog = CatalogState(settings.catalog.tools, settings.catalog.profiles)
+        self.store: Store = store or open_store(
+            settings.store.url, settings.data_dir / "toolbus.db"
+        )  # SPEC N1: PostgreSQL when store.url names one
+        # SPEC E2: every profile's catalog frame must fit the size welcome announces.
+        self.catalog = CatalogState(
+            settings.catalog.tools, settings.catalog.profiles, settings.server.max_message_bytes
+        )
         self.limits = m.Limits(
             max_message_bytes=settings.server.max_message_bytes,
             heartbeat_interval=settings.server.heartbeat_interval,
@@ -157,9 +175,26 @@ class Gateway:
             max_context_bytes=settings.limits.max_context_bytes,
         )
         self.bucket = bucket_factory(settings.limits.invoke_rate, settings.limits.invoke_burst)
-        self.pool = ThreadPoolExecutor(
-            settings.calls.worker_threads, thread_name_prefix="toolbus-handler"
+        calls, jobs = settings.calls, settings.jobs
+        # SPEC E3: sync calls and jobs have threads of their own, each with per-session
+        # and per-user caps; the watchdog notices a blocked event loop from outside it.
+        self.workers = Workers(
+            Lane(
+                "calls",
+                calls.worker_threads,
+                calls.threads_per_session,
+                calls.threads_per_user,
+                self.metrics,
+            ),
+            Lane(
+                "jobs",
+                jobs.worker_threads,
+                jobs.threads_per_session,
+                jobs.threads_per_user,
+                self.metrics,
+            ),
         )
+        self.watchdog = Watchdog(settings.server.loop_stall_threshold, self.metrics)
         self.pre_hooks = [hooks.resolve(p) for p in settings.calls.pre_hooks]
         self.post_hooks = [hooks.resolve(p) for p in settings.calls.post_hooks]
         self.server: Server | None = None
@@ -167,7 +202,7 @@ class Gateway:
         self.ready = False
         self.draining = False
         """Set once :meth:`drain` began: no new session may start (SPEC S4)."""
-        self.handlers: set[Handler] = set()
+        self.handlers: set[ConnectionHandler] = set()
         """Every open socket's handler, sessions or not."""
         self._files = {
             f.name: (f.read_bytes(), _STATIC_TYPES.get(f.suffix, "application/octet-stream"))
@@ -176,11 +211,22 @@ class Gateway:
         }
         self._drained = False
         self._tasks: list[asyncio.Task[None]] = []
+        self.background = TaskSet()
+        """Fire-and-forget tasks (e.g. ``job.cancel`` replies), kept until they end."""
+        self._wire()
 
-    # -- wiring that needs a running loop ----------------------------------------------
+    # -- the parts, built once, before serving -------------------------------------------
 
     def _wire(self) -> None:
-        self.outbox = Outbox(self.store)
+        """Build every part once, each from the few parts it uses (:mod:`gateway.wiring`);
+        nothing here needs a running loop, and :meth:`start` only serves them."""
+        store_cfg = self.settings.store
+        self.outbox = Outbox(
+            self.store,
+            store_cfg.unavailable_after,
+            store_cfg.retry_max,
+            self.metrics.store_commit_failures.inc,
+        )
         self.sessions = SessionTable(
             self.store,
             self.outbox,
@@ -190,26 +236,84 @@ class Gateway:
             self.settings.sessions.max_call_records,
         )
         self.approvals = Approvals(self.settings.calls.approval_timeout, self.clock)
-        self.jobs = JobRunner(self.store, self.settings.jobs, self.metrics, self.pool, self.clock)
-        self.pipeline = Pipeline(
+        self.elicitations = Elicitations(
+            self.sessions.get, self.settings.calls.approval_timeout, self.clock
+        )
+        self.authority = Authority(
             self.catalog,
-            self.approvals,
-            self.jobs,
-            self.settings.calls,
-            self.settings.limits,
-            self.pre_hooks,
-            self.post_hooks,
-            self.metrics,
-            self.pool,
-            self.settings.data_dir,
+            self.authenticator,
             self.clock,
+            self.settings.auth.expiry_warning,
+            self._close_lapsed,
+        )
+        self.jobs = JobRunner(
+            self.store,
+            self.settings.jobs,
+            self.metrics,
+            self.workers.jobs,
+            self.clock,
+            self.settings.server.max_message_bytes,
+        )
+        self.pipeline = build_pipeline(
+            catalog=self.catalog,
+            approvals=self.approvals,
+            jobs=self.jobs,
+            calls=self.settings.calls,
+            limits=self.settings.limits,
+            pre_hooks=self.pre_hooks,
+            post_hooks=self.post_hooks,
+            metrics=self.metrics,
+            pool=self.workers.calls,
+            data_dir=self.settings.data_dir,
+            authority=self.authority,
+            ledger=CallLedger(self.store, self.settings.calls.call_id_window, self.clock),
+            max_frame=self.settings.server.max_message_bytes,
+        )
+        self.connection_parts = build_connection_parts(
+            server=self.settings.server,
+            limits=self.settings.limits,
+            welcome_limits=self.limits,
+            authenticator=self.authenticator,
+            sessions=self.sessions,
+            outbox=self.outbox,
+            store=self.store,
+            catalog=self.catalog,
+            authority=self.authority,
+            pipeline=self.pipeline,
+            approvals=self.approvals,
+            elicitations=self.elicitations,
+            jobs=self.jobs,
+            metrics=self.metrics,
+            background=self.background,
+            bucket=self.bucket,
+            clock=self.clock,
+            draining=lambda: self.draining,
         )
 
+    def _rerun_plan(self, row: JobRow) -> tuple[ToolDef, ToolContext, PostProcess] | None:
+        """The pipeline's plan for a stored job (SPEC J5), gated like any other handler
+        start (SPEC A7): its session's profile and context are re-checked when the job
+        gets its slot after the restart."""
+        plan = self.pipeline.execution.rerun_plan(row)
+        session = self.sessions.get(row.session_id)
+        if plan is None or session is None:
+            return plan
+        tool, ctx, post = plan
+        return tool, replace(ctx, recheck=self.authority.gate(session, tool.name)), post
+
+    def _close_lapsed(self, session: Session, code: CloseCode, reason: str) -> None:
+        """SPEC S6: the session's credential lapsed; close its live socket, if any."""
+        for handler in list(self.handlers):
+            if handler.session is session:
+                handler.close_lapsed(code, reason)
+
     def _on_session_end(self, session: Session) -> None:
-        """SPEC A4, I8: the end of a session denies its approvals and cancels its calls."""
+        """SPEC A4, I8, I15: the end of a session denies its approvals and cancels its
+        calls (an expired session's running handlers run on, see Pipeline.end_session)."""
         self.approvals.settle_session(session.id, m.ResolutionReason.DISCONNECTED)
-        for call_id in list(session.inflight):
-            self.pipeline.cancel(session, call_id)
+        self.elicitations.settle_session(session.id)
+        self.authority.forget(session)
+        self.pipeline.end_session(session)
 
     def _recover(self) -> None:
         """Bring stored sessions back after a restart, parked (SPEC D3, J5)."""
@@ -223,8 +327,10 @@ class Gateway:
             session.catalog_names = self.catalog.view(session)[2]
         for session_id, call_id, note in self.store.running_calls():
             self._interrupt_call(session_id, call_id, decode_json(note) if note else {})
-        count = self.jobs.recover(self.sessions.sessions, self.pipeline.rerun_plan)
-        self.store.commit()
+        # SPEC I15: a call id cut off here never runs again, from any session.
+        self.pipeline.ledger.recover()
+        count = self.jobs.recover(self.sessions.sessions, self._rerun_plan)
+        self.outbox.flush()  # SPEC D6: a store that cannot commit yet holds and retries
         if self.sessions.sessions or count:
             logger.info(
                 "recovered %d sessions, %d interrupted jobs", len(self.sessions.sessions), count
@@ -260,9 +366,9 @@ class Gateway:
 
     async def start(self) -> None:
         """Bind the port and start serving (SPEC S1)."""
-        self._wire()
         self._recover()
         cfg = self.settings.server
+        self._serve_mcp()
         self.server = await serve(
             self._handle,
             cfg.host,
@@ -278,11 +384,14 @@ class Gateway:
             close_timeout=min(cfg.heartbeat_timeout, 10.0) if cfg.heartbeat_timeout else 10.0,
             compression=None,
             server_header="toolbus",
-            create_connection=CoalescingConnection,
+            create_connection=self._accepted,  # type: ignore[arg-type]
             logger=_QuietWebsocketsLogger(logging.getLogger("websockets.server"), {}),
         )
         self.port = self.server.sockets[0].getsockname()[1] if self.server.sockets else cfg.port
         loop = asyncio.get_running_loop()
+        # The MCP session manager starts once the port is ours, so a start-up that fails
+        # to bind (O5) has started nothing it must stop, and logs nothing of it.
+        self._tasks.append(loop.create_task(self._run_mcp()))
         if self.settings.catalog.hot_reload:
             self._tasks.append(
                 loop.create_task(
@@ -293,6 +402,19 @@ class Gateway:
                 )
             )
         self._tasks.append(loop.create_task(self._purge_loop()))
+        # SPEC M1, M2: mounted MCP servers connect in the background; never awaited here.
+        self.mcp = McpMounts(
+            self.catalog, lambda: self.sessions.sessions.values(), self.elicitations.ask
+        )
+        self.mcp.start()
+        self._tasks.append(
+            loop.create_task(
+                self.authority.watch(
+                    self.settings.auth.recheck_interval, lambda: self.sessions.sessions.values()
+                )
+            )
+        )
+        self.watchdog.start()
         self.ready = True
         logger.info("listening on ws://%s:%d/", cfg.host, self.port)
 
@@ -301,9 +423,17 @@ class Gateway:
         return f"ws://{self.settings.server.host}:{self.port}/"
 
     async def _purge_loop(self) -> None:
-        while True:
-            await asyncio.sleep(60)
-            self.store.purge(self.clock(), self.settings.jobs.retention)
+        """SPEC D2: drop expired sessions and old jobs; a failing purge is logged and
+        retried with backoff, never the end of the loop (:func:`periodic`)."""
+        await periodic(
+            "store purge",
+            self.settings.sessions.purge_interval,
+            self._purge,
+        )
+
+    def _purge(self) -> None:
+        self.store.purge(self.clock(), self.settings.jobs.retention)
+        self.pipeline.ledger.purge()  # SPEC I15: call ids past their window
 
     async def drain(self) -> None:
         """Graceful stop (SPEC S4): ``reconnect`` + 1012 to every socket, state durable.
@@ -316,10 +446,14 @@ class Gateway:
         self.server.close(close_connections=False)
         for task in self._tasks:
             task.cancel()
-        await self.jobs.shutdown()
+        # SPEC J6: plain handlers cannot be interrupted; jobs and sync calls whose
+        # handler runs in a thread get until the deadline to end as they really end.
+        deadline = asyncio.get_running_loop().time() + self.settings.server.drain_grace
+        await self.jobs.shutdown(deadline)
+        await self.workers.calls.wait_live(deadline)
         # Every socket, with a session or still before hello, gets the hint behind what
         # is already queued for it, then 1012. A hello arriving now is turned away the
-        # same way (Handler._handshake checks `draining`).
+        # same way (ConnectionHandler._handshake checks `draining`).
         self.outbox.flush()
         hint = encode(
             m.Reconnect(reason="server restart", retry_after=self.settings.server.drain_retry_after)
@@ -327,21 +461,24 @@ class Gateway:
         closing = []
         for handler in list(self.handlers):
             handler.link.push(hint)
-            self.metrics.closes.labels(str(int(CloseCode.SERVICE_RESTART))).inc()
             closing.append(
                 handler.link.flush_and_close(CloseCode.SERVICE_RESTART, "server restart")
             )
         await asyncio.gather(*closing, return_exceptions=True)
+        self.mcp_http.shutdown()
         await self.server.wait_closed()
         self.outbox.close()
         self.store.close()
         # Calls still in flight stay "running" in the store: the next start reports them
         # (SPEC I12, A4). Their tasks end here, with nothing left to write to.
-        calls = [t for s in self.sessions.sessions.values() for t in s.inflight.values()]
+        # (Pipeline.tasks: also calls of expired sessions whose handler runs on, I15.)
+        calls = self.pipeline.tasks()
         for task in calls:
             task.cancel()
         await asyncio.gather(*calls, return_exceptions=True)
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        await self.mcp.stop()
+        self.workers.close()
+        self.watchdog.stop()
 
     async def __aenter__(self) -> Gateway:
         await self.start()
@@ -352,8 +489,39 @@ class Gateway:
 
     # -- the socket ------------------------------------------------------------------------
 
+    def _serve_mcp(self) -> None:
+        """SPEC M4: the catalog over MCP Streamable HTTP at ``/mcp`` on this port."""
+        self.mcp_endpoint = McpEndpoint(
+            self.authenticator,
+            self.sessions,
+            self.catalog,
+            self.pipeline,
+            self.approvals,
+            self.authority,
+            self.bucket,
+            self.clock,
+            _credentials_in,
+            lambda origin: origin in self._allowed_origins(),
+        )
+        self.mcp_http = McpHttp(self.mcp_endpoint)
+
+    async def _run_mcp(self) -> None:
+        async with self.mcp_endpoint.running():
+            await asyncio.Event().wait()
+
+    def _accepted(self, *args: Any, **kwargs: Any) -> ServerConnection:
+        """Each accepted socket: ``/mcp`` to the MCP app, the rest to websockets (M4)."""
+        return cast(
+            ServerConnection,
+            Sniffer(
+                lambda: CoalescingConnection(*args, **kwargs),
+                self.mcp_http.protocol,
+                self.settings.server.heartbeat_timeout or 10.0,
+            ),
+        )
+
     async def _handle(self, ws: ServerConnection) -> None:
-        handler = Handler(self, ws)
+        handler = ConnectionHandler(self.connection_parts, ws)
         self.handlers.add(handler)
         try:
             await handler.serve()
@@ -409,10 +577,16 @@ class Gateway:
         if path == "/healthz":
             return _response(http.HTTPStatus.OK, b"ok\n", "text/plain; charset=utf-8")
         if path == "/readyz":
-            status = http.HTTPStatus.OK if self.ready else http.HTTPStatus.SERVICE_UNAVAILABLE
-            return _response(
-                status, b"ready\n" if self.ready else b"draining\n", "text/plain; charset=utf-8"
-            )
+            # SPEC S4 (draining) and D6 (a store that cannot commit): not ready.
+            if not self.ready:
+                body = b"draining\n"
+            elif self.outbox.unavailable:
+                body = b"store unavailable\n"
+            else:
+                body = b"ready\n"
+            ok = body == b"ready\n"
+            status = http.HTTPStatus.OK if ok else http.HTTPStatus.SERVICE_UNAVAILABLE
+            return _response(status, body, "text/plain; charset=utf-8")
         if path == "/metrics":
             self._update_gauges()
             return _response(
@@ -423,14 +597,37 @@ class Gateway:
         return self._static(path)
 
     def _update_gauges(self) -> None:
+        self.metrics.store_available.set(0 if self.outbox.unavailable else 1)
         live = sum(1 for s in self.sessions.sessions.values() if s.link is not None)
         self.metrics.sessions.labels("live").set(live)
         self.metrics.sessions.labels("parked").set(len(self.sessions.sessions) - live)
+        for kind, count in self.tracked().items():
+            self.metrics.tracked.labels(kind).set(count)
+
+    def tracked(self) -> dict[str, int]:
+        """Per-session and per-user entries held now, by kind (SPEC E3, case F33): each
+        goes back to its baseline once the sessions ended and their work is done."""
+        counts = {
+            "sessions": len(self.sessions.sessions),
+            "session_owners": self.sessions.owners(),
+            "calls_tracked": self.pipeline.tracked_calls(),
+            "approvals": len(self.approvals.pending),
+            **self.jobs.tracked(),
+        }
+        for lane in (self.workers.calls, self.workers.jobs):
+            stats = lane.stats()
+            counts[f"{lane.name}_threads_held"] = stats.busy
+            counts[f"{lane.name}_thread_sessions"] = stats.sessions
+            counts[f"{lane.name}_thread_users"] = stats.users
+            counts[f"{lane.name}_thread_waiters"] = stats.waiting
+        return counts
 
     def _static(self, path: str) -> Response:
         """The console's files, looked up by name in a table built at start: a request
-        path never reaches the filesystem, so no traversal or odd byte can (SPEC K2)."""
-        name = "index.html" if path in ("/", "") else path.removeprefix("/")
+        path never reaches the filesystem, so no traversal or odd byte can (SPEC K2).
+        ``/voice`` is the worked voice example's page (SPEC V3)."""
+        pages = {"/": "index.html", "": "index.html", "/voice": "voice.html"}
+        name = pages.get(path) or path.removeprefix("/")
         found = self._files.get(name.removeprefix("static/"))
         if found is None:
             return _response(http.HTTPStatus.NOT_FOUND, b"not found\n", "text/plain; charset=utf-8")

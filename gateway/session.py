@@ -78,6 +78,8 @@ class Session:
     max_call_records: int = 10_000
     pending_approvals: set[str] = field(default_factory=set)
     ended: bool = False
+    credential_ref: str | None = None
+    """The stored reference of its last credential (SPEC S6; :mod:`gateway.credref`)."""
     _expiry: asyncio.TimerHandle | None = None
 
     @property
@@ -105,7 +107,16 @@ class Session:
             # SPEC D2 cap: the oldest unacknowledged event is dropped from the log.
             self.floor_seq = seq - self.max_unacked
             self.store.stage_seq(self.id, seq, self.acked_seq, self.floor_seq)
-        self.outbox.put(self, data)
+        link = self.link
+        if (
+            link is not None
+            and seq - self.acked_seq > max(1, self.max_unacked * 9 // 10)
+            and link.backlogged
+        ):
+            # SPEC D5, D2: the reader is not keeping up. Close it while its resume can
+            # still replay everything, not after the cap dropped what it never read.
+            link.slow_consumer("unacknowledged events near the cap")
+        self.outbox.put(self, data, True)
         return data
 
     def emit_raw(self, data: bytes) -> None:
@@ -158,6 +169,7 @@ class Session:
             created_at=self.created_at,
             expires_at=self.expires_at,
             catalog_version=self.catalog_version,
+            credential_ref=self.credential_ref,
         )
 
     def save(self) -> None:
@@ -197,6 +209,10 @@ class SessionTable:
         self.sessions: dict[str, Session] = {}
         self._per_user: dict[tuple[str | None, str], int] = {}
         """Live and parked sessions per (tenant, user) (SPEC E2)."""
+
+    def owners(self) -> int:
+        """How many (tenant, user) principals hold a session now (case F33)."""
+        return len(self._per_user)
 
     def count_for(self, user: str, tenant: str | None) -> int:
         """Sessions (live or parked) the user of that tenant holds (SPEC E2)."""
@@ -264,6 +280,7 @@ class SessionTable:
             max_unacked=self.max_unacked,
             max_call_records=self.max_call_records,
             catalog_version=row.catalog_version,
+            credential_ref=row.credential_ref,
         )
         session.done_calls.update(dict.fromkeys(self.store.done_call_ids(row.session_id)))
         self._add(session)

@@ -10,10 +10,29 @@ commits (SQLite's documented trade-off).
 
 A networked backend (PostgreSQL, Redis) implements :class:`Store` with the same staging
 contract: stage cheaply, commit in :meth:`commit`, read committed data.
+
+Storage faults fail closed (SPEC D6):
+
+- Every value is encoded and checked when it is *staged* (:class:`BadValue` is raised to
+  the one caller whose value it is, and nothing of it is staged), so a commit only writes
+  bytes and numbers already known to be storable: one session's bad value never rolls
+  back another session's events.
+- A commit that fails (database locked by another process, disk full, I/O error) is
+  rolled back and raises :class:`StoreUnavailable`; everything staged stays staged, in
+  order, and the next :meth:`Store.commit` writes it all. Nothing durable is lost and,
+  since the outbox sends a frame only after the commit that holds it succeeded, nothing
+  unstored is ever sent.
+- The SQLite connection of the event loop never waits on a lock (``busy_timeout`` 0): a
+  locked file fails the commit at once and the outbox retries on a timer.
+- :class:`SqliteStore` checks the file at open (``PRAGMA quick_check``, the schema
+  version in ``user_version``, the tables' columns) and raises :class:`StoreDamaged`
+  naming the file and the damage instead of starting empty.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import sqlite3
 import threading
 from collections.abc import Iterable
@@ -21,7 +40,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from gateway.store_check import SCHEMA_VERSION as SCHEMA_VERSION
+from gateway.store_check import StoreDamaged as StoreDamaged
+from gateway.store_check import StoreError as StoreError
+from gateway.store_check import open_checked
 from protocol.codec import decode_json, encode_json
+
+logger = logging.getLogger("gateway.store")
+
+
+class StoreUnavailable(StoreError):
+    """A commit or read could not be done now: the file is locked or busy, the disk is
+    full, or an I/O error occurred (SPEC D6). Nothing of a failed commit is durable and
+    everything it held stays staged for the next attempt."""
+
+
+class BadValue(StoreError, ValueError):
+    """A value given to a stage method cannot be stored (not encodable as JSON, text
+    that is not valid Unicode). Raised to its caller; nothing of it is staged (SPEC D6)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +80,10 @@ class SessionRow:
     expires_at: float | None
     """When a parked session stops being resumable; ``None`` while a socket holds it."""
     catalog_version: str | None
+    credential_ref: str | None = None
+    """The reference of the credential it last authenticated with, never the credential
+    (SPEC S6, A7): :func:`gateway.credref.encode_ref` JSON; ``None`` for a row written
+    before schema version 2, which re-validates as revoked (fail closed)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +109,27 @@ class JobRow:
     error: dict[str, Any] | None
 
 
+@dataclass(frozen=True, slots=True)
+class LedgerRow:
+    """One ``call_id`` of a principal in the call ledger (SPEC I15).
+
+    ``tenant`` is ``""`` for a principal without a tenant. ``state`` is ``running`` or
+    ``done``; ``outcome`` holds the terminal event's bytes once ``done`` (its ``seq`` is
+    the first session's: another session gets the event under a ``seq`` of its own).
+    ``params_hash`` is the SHA-256 hex of the parameters' canonical JSON.
+    ``created_at`` is Unix seconds; the row is purged a window after it.
+    """
+
+    tenant: str
+    user: str
+    call_id: str
+    tool: str
+    params_hash: str
+    state: str
+    outcome: bytes | None
+    created_at: float
+
+
 class Store(Protocol):
     """Storage interface of the gateway. Stage methods never block on I/O."""
 
@@ -76,7 +137,8 @@ class Store(Protocol):
         """Stage one durable event (SPEC D1); visible to reads after :meth:`commit`."""
 
     def stage_session(self, row: SessionRow) -> None:
-        """Stage an insert-or-replace of a session row."""
+        """Stage an insert-or-replace of a session row; its values are encoded and
+        checked now (:class:`BadValue` if one cannot be stored; nothing staged, D6)."""
 
     def stage_seq(self, session_id: str, last_seq: int, acked_seq: int, floor_seq: int) -> None:
         """Stage the session's sequence counters and drop events at or below ``floor_seq``."""
@@ -89,21 +151,44 @@ class Store(Protocol):
         """Stage the removal of a call's record (it left the idempotency window, I12)."""
 
     def stage_job(self, row: JobRow) -> None:
-        """Stage an insert-or-replace of a job row (SPEC J5: before its event is sent)."""
+        """Stage an insert-or-replace of a job row (SPEC J5: before its event is sent);
+        its values are encoded and checked now (:class:`BadValue`; nothing staged, D6)."""
+
+    def stage_ledger(self, row: LedgerRow) -> None:
+        """Stage an insert-or-replace of a call ledger row (SPEC I15)."""
+
+    def ledger(self, tenant: str, user: str, call_id: str) -> LedgerRow | None:
+        """The principal's ledger row of ``call_id``, staged or committed (SPEC I15)."""
+
+    def running_ledger(self) -> list[LedgerRow]:
+        """Ledger rows still ``running``: calls a crash or restart cut off (SPEC I15)."""
+
+    def purge_ledger(self, before: float) -> None:
+        """Delete ledger rows created before ``before`` (Unix seconds, SPEC I15)."""
 
     def commit(self) -> None:
-        """Write everything staged in one transaction."""
+        """Write everything staged in one transaction (SPEC D6).
+
+        Raises:
+            StoreUnavailable: nothing was written; all that was staged is still staged
+                and the next call writes it (with whatever was staged since).
+        """
 
     def load_session(self, session_id: str) -> SessionRow | None: ...
 
     def delete_session(self, session_id: str) -> None:
-        """Forget a session, its events and calls (its jobs stay, SPEC D2)."""
+        """Forget a session, its events and calls (its jobs stay, SPEC D2); staged, it
+        runs last in the next commit (a locked store must not fail it, D6)."""
 
     def events_after(
         self, session_id: str, seq: int, limit: int | None = None
     ) -> list[tuple[int, bytes]]:
         """Committed events of a session with ``seq`` greater than the given one, in order;
         at most ``limit`` of them (``None``: all)."""
+
+    def events_complete(self, session_id: str, after: int, upto: int) -> bool:
+        """Whether every committed event ``after < seq <= upto`` of the session is there:
+        the log has no hole in that range (SPEC D3, D6, case F27)."""
 
     def call(self, session_id: str, call_id: str) -> tuple[str, bytes | None] | None:
         """A call's ``(state, terminal bytes)``, or ``None`` if the call id is unused."""
@@ -143,7 +228,7 @@ CREATE TABLE IF NOT EXISTS sessions (
     tenant TEXT, profile TEXT NOT NULL, context BLOB NOT NULL, options BLOB NOT NULL,
     grants BLOB NOT NULL, last_seq INTEGER NOT NULL, acked_seq INTEGER NOT NULL,
     floor_seq INTEGER NOT NULL, created_at REAL NOT NULL, expires_at REAL,
-    catalog_version TEXT
+    catalog_version TEXT, credential_ref TEXT
 );
 CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY,
@@ -163,6 +248,12 @@ CREATE TABLE IF NOT EXISTS jobs (
     result BLOB, error BLOB
 );
 CREATE INDEX IF NOT EXISTS jobs_by_user ON jobs (user, created_at);
+CREATE TABLE IF NOT EXISTS call_ledger (
+    tenant TEXT NOT NULL, user TEXT NOT NULL, call_id TEXT NOT NULL, tool TEXT NOT NULL,
+    params_hash TEXT NOT NULL, state TEXT NOT NULL, outcome BLOB, created_at REAL NOT NULL,
+    PRIMARY KEY (tenant, user, call_id)
+);
+CREATE INDEX IF NOT EXISTS call_ledger_by_age ON call_ledger (created_at);
 """
 
 
@@ -175,11 +266,14 @@ _SELECT_SESSIONS = (
 
 
 def _json(value: Any) -> bytes:
-    return encode_json(value)
+    try:
+        return encode_json(value)
+    except TypeError as exc:  # orjson.JSONEncodeError: not JSON, int over 64 bits
+        raise BadValue(f"value cannot be stored as JSON: {exc}") from exc
 
 
 def _opt_json(value: Any) -> bytes | None:
-    return None if value is None else encode_json(value)
+    return None if value is None else _json(value)
 
 
 def _load(raw: bytes | None) -> Any:
@@ -193,16 +287,21 @@ class SqliteStore:
         path: the database file (created with its folder), or ``":memory:"``.
 
     All methods run on the event-loop thread; each commit is one short transaction
-    without an fsync (WAL, ``synchronous=NORMAL``).
+    without an fsync (WAL, ``synchronous=NORMAL``) that never waits on a lock.
+
+    Raises:
+        StoreDamaged: at open, the file fails its check (SPEC D6, O5; case F32).
+        StoreError: at open, the file cannot be opened (permissions, a lock held past
+            5 s by another process).
     """
 
     def __init__(self, path: Path | str, checkpoint_interval: float = 1.0) -> None:
         if str(path) != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(_SCHEMA)
+        self.path = str(path)
+        # timeout=0: this connection runs on the event loop and must never wait on a
+        # lock another connection holds (SPEC D6); a busy file fails the commit at once.
+        self._db = open_checked(self.path, _SCHEMA)
         self._checkpointer: _Checkpointer | None = None
         if str(path) != ":memory:":
             # Checkpoints (which fsync) leave the event loop for a thread of their own;
@@ -214,19 +313,25 @@ class SqliteStore:
             self._db.execute(f"PRAGMA journal_size_limit={WAL_PAGES * 4096}")
             self._checkpointer = _Checkpointer(str(path), checkpoint_interval)
         self._events: list[tuple[str, int, bytes]] = []
-        self._sessions: dict[str, SessionRow] = {}
+        self._sessions: dict[str, tuple[Any, ...]] = {}
+        """Session rows staged as the values to write, encoded and checked (SPEC D6)."""
         self._seqs: dict[str, tuple[int, int, int]] = {}
         self._calls: dict[tuple[str, str], tuple[str, str, str, bytes | None]] = {}
         self._forget: list[tuple[str, str]] = []
-        self._jobs: dict[str, JobRow] = {}
+        self._jobs: dict[str, tuple[Any, ...]] = {}
+        self._deletes: list[str] = []
+        self._purge_before: float | None = None
+        self._ledger: dict[tuple[str, str, str], LedgerRow] = {}
+        self._ledger_before: float | None = None
 
     # -- staging ---------------------------------------------------------------------
 
     def stage_event(self, session_id: str, seq: int, body: bytes) -> None:
+        # ``body`` comes encoded from protocol.codec (valid UTF-8 JSON): nothing to check.
         self._events.append((session_id, seq, body))
 
     def stage_session(self, row: SessionRow) -> None:
-        self._sessions[row.session_id] = row
+        self._sessions[row.session_id] = _checked(_session_values(row), "session")
         self._seqs.pop(row.session_id, None)
 
     def stage_seq(self, session_id: str, last_seq: int, acked_seq: int, floor_seq: int) -> None:
@@ -241,7 +346,10 @@ class SqliteStore:
         self._forget.append((session_id, call_id))
 
     def stage_job(self, row: JobRow) -> None:
-        self._jobs[row.job_id] = row
+        self._jobs[row.job_id] = _checked(_job_values(row), f"job {row.job_id}")
+
+    def stage_ledger(self, row: LedgerRow) -> None:
+        self._ledger[(row.tenant, row.user, row.call_id)] = row
 
     @property
     def dirty(self) -> bool:
@@ -253,18 +361,24 @@ class SqliteStore:
             or self._calls
             or self._jobs
             or self._forget
+            or self._ledger
+            or self._ledger_before is not None
+            or self._deletes
+            or self._purge_before is not None
         )
 
     def commit(self) -> None:
         if not self.dirty:
             return
         db = self._db
-        db.execute("BEGIN")
         try:
+            # IMMEDIATE takes the write lock first: a file locked by another connection
+            # fails here, before anything is written (busy_timeout 0: at once).
+            db.execute("BEGIN IMMEDIATE")
             if self._sessions:
                 db.executemany(
-                    "INSERT OR REPLACE INTO sessions VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                    [_session_values(row) for row in self._sessions.values()],
+                    "INSERT OR REPLACE INTO sessions VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                    self._sessions.values(),
                 )
             if self._events:
                 db.executemany(
@@ -284,15 +398,51 @@ class SqliteStore:
             if self._jobs:
                 db.executemany(
                     "INSERT OR REPLACE INTO jobs VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                    [_job_values(row) for row in self._jobs.values()],
+                    self._jobs.values(),
                 )
+            if self._ledger:
+                db.executemany(
+                    "INSERT OR REPLACE INTO call_ledger VALUES (?,?,?,?,?,?,?,?)",
+                    [_ledger_values(row) for row in self._ledger.values()],
+                )
+            if self._ledger_before is not None:
+                db.execute("DELETE FROM call_ledger WHERE created_at<?", (self._ledger_before,))
+            if self._deletes:
+                self._commit_deletes(db)
             db.execute("COMMIT")
+        except sqlite3.Error as exc:
+            # SPEC D6: nothing of this batch is durable; keep it all staged for the next
+            # attempt (the outbox holds its frames until then).
+            self._rollback()
+            raise StoreUnavailable(f"{self.path}: commit failed: {exc}") from exc
         except BaseException:
-            db.execute("ROLLBACK")
+            self._rollback()
             raise
-        finally:
-            self._events, self._calls, self._forget = [], {}, []
-            self._sessions, self._seqs, self._jobs = {}, {}, {}
+        self._events, self._calls, self._forget = [], {}, []
+        self._sessions, self._seqs, self._jobs = {}, {}, {}
+        self._ledger, self._ledger_before = {}, None
+        self._deletes, self._purge_before = [], None
+
+    def _rollback(self) -> None:
+        """End a failed transaction. SQLite may already have rolled it back itself (a
+        full disk, an I/O error): then there is nothing to undo, and no second error."""
+        if not self._db.in_transaction:
+            return
+        try:
+            self._db.execute("ROLLBACK")
+        except sqlite3.Error as exc:  # the connection is unusable; the next BEGIN says so
+            logger.warning("%s: rollback after a failed commit failed: %s", self.path, exc)
+
+    def _commit_deletes(self, db: sqlite3.Connection) -> None:
+        """Sessions ended and jobs past retention, last in the batch (SPEC D2)."""
+        rows = [(sid,) for sid in self._deletes]
+        for table in ("sessions", "events", "calls"):
+            db.executemany(f"DELETE FROM {table} WHERE session_id=?", rows)
+        if self._purge_before is not None:
+            db.execute(
+                "DELETE FROM jobs WHERE finished_at IS NOT NULL AND finished_at<?",
+                (self._purge_before,),
+            )
 
     def _commit_seqs(self, db: sqlite3.Connection) -> None:
         rows = [(last, acked, floor, sid) for sid, (last, acked, floor) in self._seqs.items()]
@@ -315,17 +465,35 @@ class SqliteStore:
         return [_session_row(row) for row in self._db.execute(_SELECT_SESSIONS)]
 
     def delete_session(self, session_id: str) -> None:
-        for table in ("sessions", "events", "calls"):
-            self._db.execute(f"DELETE FROM {table} WHERE session_id=?", (session_id,))
+        # Staged like every write (SPEC D6): a locked file must not fail or stall the end
+        # of a session; the deletion runs last in the next commit.
+        self._deletes.append(session_id)
 
     def events_after(
         self, session_id: str, seq: int, limit: int | None = None
     ) -> list[tuple[int, bytes]]:
-        cur = self._db.execute(
-            "SELECT seq, body FROM events WHERE session_id=? AND seq>? ORDER BY seq LIMIT ?",
-            (session_id, seq, -1 if limit is None else limit),
-        )
-        return list(cur)
+        try:
+            cur = self._db.execute(
+                "SELECT seq, body FROM events WHERE session_id=? AND seq>? ORDER BY seq LIMIT ?",
+                (session_id, seq, -1 if limit is None else limit),
+            )
+            return list(cur)
+        except sqlite3.Error as exc:
+            raise StoreUnavailable(f"{self.path}: reading events failed: {exc}") from exc
+
+    def events_complete(self, session_id: str, after: int, upto: int) -> bool:
+        # seq is unique per session (index events_by_session): the range is whole exactly
+        # when it holds upto - after rows. One index range count, no bodies read.
+        if upto <= after:
+            return True
+        try:
+            (count,) = self._db.execute(
+                "SELECT COUNT(*) FROM events WHERE session_id=? AND seq>? AND seq<=?",
+                (session_id, after, upto),
+            ).fetchone()
+        except sqlite3.Error as exc:
+            raise StoreUnavailable(f"{self.path}: reading events failed: {exc}") from exc
+        return bool(count == upto - after)
 
     def call(self, session_id: str, call_id: str) -> tuple[str, bytes | None] | None:
         cur = self._db.execute(
@@ -369,13 +537,37 @@ class SqliteStore:
         )
         for (session_id,) in list(cur):
             self.delete_session(session_id)
-        self._db.execute(
-            "DELETE FROM jobs WHERE finished_at IS NOT NULL AND finished_at<?",
-            (now - job_retention,),
-        )
+        self._purge_before = now - job_retention
+        # A store that cannot commit now keeps the purge staged for the next commit.
+        with contextlib.suppress(StoreUnavailable):
+            self.commit()
+
+    def ledger(self, tenant: str, user: str, call_id: str) -> LedgerRow | None:
+        staged = self._ledger.get((tenant, user, call_id))
+        if staged is not None:
+            return staged
+        row = self._db.execute(
+            "SELECT * FROM call_ledger WHERE tenant=? AND user=? AND call_id=?",
+            (tenant, user, call_id),
+        ).fetchone()
+        return None if row is None else LedgerRow(*row)
+
+    def running_ledger(self) -> list[LedgerRow]:
+        cur = self._db.execute("SELECT * FROM call_ledger WHERE state='running'")
+        return [LedgerRow(*row) for row in cur]
+
+    def purge_ledger(self, before: float) -> None:
+        # Staged like purge(): a locked store is never waited on here (SPEC D6).
+        self._ledger_before = before
+        with contextlib.suppress(StoreUnavailable):
+            self.commit()
 
     def close(self) -> None:
-        self.commit()
+        try:
+            self.commit()
+        except StoreUnavailable as exc:
+            # Never sent (SPEC D6): no client holds these events, so the log stays whole.
+            logger.error("%s; %d staged events dropped at close", exc, len(self._events))
         if self._checkpointer is not None:
             self._checkpointer.stop()
         self._db.close()
@@ -395,10 +587,21 @@ class _Checkpointer:
 
     def _run(self) -> None:
         db = sqlite3.connect(self._path, isolation_level=None)
+        failing = False
         try:
             while not self._stop.wait(self._interval):
-                db.execute("PRAGMA wal_checkpoint(PASSIVE)")
-            db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                # A full disk or an I/O error fails a checkpoint; the WAL keeps the data
+                # and the next one catches up. The thread must not die of it (SPEC D6).
+                try:
+                    db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                except sqlite3.Error as exc:
+                    if not failing:
+                        logger.warning("%s: checkpoint failed, will retry: %s", self._path, exc)
+                    failing = True
+                    continue
+                failing = False
+            with contextlib.suppress(sqlite3.Error):
+                db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         finally:
             db.close()
 
@@ -406,6 +609,17 @@ class _Checkpointer:
         """Run a last full checkpoint and end the thread."""
         self._stop.set()
         self._thread.join()
+
+
+def _checked(values: tuple[Any, ...], what: str) -> tuple[Any, ...]:
+    """``values`` if SQLite can bind every one of them; else :class:`BadValue` (SPEC D6)."""
+    for value in values:
+        if isinstance(value, str):
+            try:
+                value.encode()
+            except UnicodeEncodeError as exc:
+                raise BadValue(f"{what}: text is not valid Unicode ({exc.reason})") from exc
+    return values
 
 
 def _session_values(row: SessionRow) -> tuple[Any, ...]:
@@ -424,12 +638,14 @@ def _session_values(row: SessionRow) -> tuple[Any, ...]:
         row.created_at,
         row.expires_at,
         row.catalog_version,
+        row.credential_ref,
     )
 
 
 def _session_row(row: Iterable[Any]) -> SessionRow:
     (sid, token_hash, user, tenant, profile, context, options, grants, *rest) = row
-    last_seq, acked_seq, floor_seq, created_at, expires_at, catalog_version, logged = rest
+    last_seq, acked_seq, floor_seq, created_at, expires_at, *rest = rest
+    catalog_version, credential_ref, logged = rest
     return SessionRow(
         sid,
         token_hash,
@@ -445,6 +661,20 @@ def _session_row(row: Iterable[Any]) -> SessionRow:
         created_at,
         expires_at,
         catalog_version,
+        credential_ref,
+    )
+
+
+def _ledger_values(row: LedgerRow) -> tuple[Any, ...]:
+    return (
+        row.tenant,
+        row.user,
+        row.call_id,
+        row.tool,
+        row.params_hash,
+        row.state,
+        row.outcome,
+        row.created_at,
     )
 
 

@@ -33,8 +33,10 @@ SERVER_ADAPTER: Final[TypeAdapter[ServerMessage]] = TypeAdapter(ServerMessage)
 
 # A JSON string, matched whole so scanning never starts inside one, and whether a colon
 # follows it (then it is an object key). Counting keys this way and comparing with the
-# keys orjson kept reveals duplicates, which orjson silently collapses.
-_STRING_OR_KEY = re.compile(rb'"(?:[^"\\]|\\.)*"(\s*:)?', re.DOTALL)
+# keys orjson kept reveals duplicates, which orjson silently collapses. The string is
+# written as an unrolled loop (runs of plain characters, then one escape): the same
+# strings as "(?:[^"\\]|\\.)*" without one alternation per character, about 3x faster.
+_STRING_OR_KEY = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"(\s*:)?', re.DOTALL)
 _STRING_OR_KEY_STR = re.compile(_STRING_OR_KEY.pattern.decode(), re.DOTALL)
 _NAN_TOKEN = re.compile(rb"(?<![\w.])-?(?:NaN|Infinity)\b")
 _STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
@@ -64,6 +66,79 @@ def encode_json(value: Any) -> bytes:
     return orjson.dumps(value)
 
 
+def canonical_json(value: Any) -> bytes:
+    """Serialize a plain JSON value with sorted keys: equal values give equal bytes (the
+    call ledger hashes an ``invoke``'s parameters with it, SPEC I15)."""
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+
+
+_INT_MIN: Final = -(1 << 63)
+_INT_MAX: Final = (1 << 64) - 1
+"""orjson writes integers in [-2**63, 2**64 - 1]; wider ones cannot be sent."""
+
+
+def json_problem(value: Any, where: str = "result") -> str | None:
+    """The first part of ``value`` a wire message cannot carry, named by its path, or
+    ``None`` when it is plain JSON (SPEC I16).
+
+    Plain JSON here is ``dict`` with ``str`` keys, ``list``/``tuple``, ``str``, ``int``
+    within 64 bits, ``float``, ``bool`` and ``None``; sets, bytes, ``Decimal`` and other
+    objects are named as problems. The gateway asks only once :func:`encode` refused a
+    value, to say where the problem is (orjson's own message names no path).
+    Iterative, so a deeply nested value cannot exhaust the stack.
+
+    Args:
+        value: a handler's return value (or any value bound for a message).
+        where: the name of ``value`` in the returned text, e.g. ``"result"``.
+
+    Returns:
+        e.g. ``"result.n: integer 1180591620717411303424 is wider than 64 bits"``.
+    """
+    stack: list[tuple[str, Any]] = [(where, value)]
+    seen: set[int] = set()  # a value that contains itself is walked once, not forever
+    while stack:
+        path, item = stack.pop()
+        if item is None or isinstance(item, bool | str | float):
+            continue
+        if isinstance(item, int):
+            if not _INT_MIN <= item <= _INT_MAX:
+                return f"{path}: integer {_int_text(item)} is wider than 64 bits"
+            continue
+        if isinstance(item, dict | list | tuple):
+            if id(item) in seen:
+                continue
+            seen.add(id(item))
+        if isinstance(item, dict):
+            for key, child in item.items():
+                if not isinstance(key, str):
+                    kind = type(key).__name__
+                    return f"{path}: key {_safe_repr(key)} is not a string (type {kind})"
+                stack.append((f"{path}.{key}", child))
+            continue
+        if isinstance(item, list | tuple):
+            stack.extend((f"{path}[{i}]", child) for i, child in enumerate(item))
+            continue
+        return f"{path}: a value of type {type(item).__qualname__} is not JSON"
+    return None
+
+
+def _int_text(value: int) -> str:
+    # str() of an integer past 4300 digits raises (CPython's int_max_str_digits).
+    if value.bit_length() <= 256:
+        return str(value)
+    return f"of {value.bit_length()} bits"
+
+
+def _safe_repr(value: Any) -> str:
+    """``repr(value)`` cut to 80 characters; a ``repr`` that raises is not the caller's
+    problem (SPEC I16: naming a bad value must not fail in turn)."""
+    try:
+        text = repr(value)
+    except Exception:
+        return f"<{type(value).__qualname__} object>"
+    return text if len(text) <= 80 else text[:79] + "…"
+
+
 def decode_json(raw: bytes | str) -> Any:
     """Parse plain JSON without the message checks; raises ``orjson.JSONDecodeError``."""
     return orjson.loads(raw)
@@ -87,7 +162,14 @@ def decode_client(
     return decoded
 
 
-def decode_server(raw: bytes | str, max_depth: int = 64) -> ServerMessage | DecodeError:
+SERVER_MAX_DEPTH: Final = 64
+"""Nesting limit of a decoded server message (the clients' default): the server keeps a
+handler's value within it (SPEC I16), or the client would drop the call's one reply."""
+
+
+def decode_server(
+    raw: bytes | str, max_depth: int = SERVER_MAX_DEPTH
+) -> ServerMessage | DecodeError:
     """Decode one server frame; the client-side twin of :func:`decode_client`."""
     decoded: ServerMessage | DecodeError = _decode(raw, SERVER_ADAPTER, max_depth)
     return decoded
@@ -106,7 +188,7 @@ def _decode(raw: bytes | str, adapter: TypeAdapter[Any], max_depth: int) -> Any:
         return DecodeError(
             ErrorCode.TOO_DEEP, f"nesting deeper than {max_depth} levels", request_id
         )
-    if keys != _count_keys(raw):
+    if _repeats_a_key(raw, keys):
         return DecodeError(ErrorCode.DUPLICATE_KEY, "an object repeats a key", request_id)
     try:
         return adapter.validate_python(obj)
@@ -157,10 +239,27 @@ def _count_shape(root: dict[str, Any], max_depth: int) -> int | None:
     return keys
 
 
+def _repeats_a_key(raw: bytes | str, keys: int) -> bool:
+    """Whether the text holds more object keys than the ``keys`` orjson kept.
+
+    Every key is followed by a colon outside any string, and every colon outside a
+    string follows a key, so the text's key count lies between ``keys`` (orjson keeps
+    at least one of each name) and its count of colons. When the two bounds meet, as
+    they do for every frame whose strings hold no colon, no key repeats, and one
+    ``count`` in C decides it; otherwise the scan counts the keys exactly.
+    """
+    colons = raw.count(b":") if isinstance(raw, bytes) else raw.count(":")
+    return colons != keys and _count_keys(raw) != keys
+
+
 def _count_keys(raw: bytes | str) -> int:
+    # findall gives the optional group of every string: empty for a value, the colon
+    # (with any whitespace before it) for a key. Counting in C beats a match-object loop.
     if isinstance(raw, str):
-        return sum(1 for match in _STRING_OR_KEY_STR.finditer(raw) if match.group(1))
-    return sum(1 for match in _STRING_OR_KEY.finditer(raw) if match.group(1))
+        found_str: list[str] = _STRING_OR_KEY_STR.findall(raw)
+        return len(found_str) - found_str.count("")
+    found: list[bytes] = _STRING_OR_KEY.findall(raw)
+    return len(found) - found.count(b"")
 
 
 def _validation_error(exc: ValidationError, request_id: str | None) -> DecodeError:

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from enum import IntEnum, StrEnum
 
+from protocol.outcomes import CallOutcome
+
 
 class ErrorCode(StrEnum):
     """Wire error codes, carried by ``error.code`` and ``call.error.code``.
@@ -50,6 +52,8 @@ class ErrorCode(StrEnum):
     # Auth (SPEC S2).
     AUTH_FAILED = "auth_failed"
     PROFILE_DENIED = "profile_denied"
+    PRINCIPAL_MISMATCH = "principal_mismatch"
+    """SPEC S6: an ``auth.refresh`` credential names another tenant or user."""
     # Limits (SPEC E2).
     RATE_LIMITED = "rate_limited"
     TOO_MANY_INFLIGHT = "too_many_inflight"
@@ -58,23 +62,37 @@ class ErrorCode(StrEnum):
     # Requests about calls, jobs and grants.
     CONTEXT_TOO_LARGE = "context_too_large"
     DUPLICATE_CALL = "duplicate_call"
+    CALL_ID_CONFLICT = "call_id_conflict"
+    """SPEC I15: the principal used this ``call_id`` before for another tool or other
+    parameters; nothing runs (the first call's record stays as it was)."""
     UNKNOWN_CALL = "unknown_call"
     UNKNOWN_JOB = "unknown_job"
     JOB_FINISHED = "job_finished"
     UNKNOWN_GRANT = "unknown_grant"
     INTERNAL = "internal"
-    # call outcomes (SPEC I1-I14)
-    UNKNOWN_TOOL = "unknown_tool"
-    DENIED_CAPABILITY = "denied_capability"
-    DENIED_DANGEROUS = "denied_dangerous"
-    DENIED_SCOPE = "denied_scope"
-    WRONG_ROUTE = "wrong_route"
-    INVALID_PARAMS = "invalid_params"
-    DENIED_BY_HOOK = "denied_by_hook"
-    TIMEOUT = "timeout"
-    HANDLER_ERROR = "handler_error"
-    CANCELLED = "cancelled"
-    STALE_CATALOG = "stale_catalog"
+    # call outcomes (SPEC I1-I14); their values come from the one outcome vocabulary,
+    # protocol.outcomes.CallOutcome (this docstring is in schema/, so the note is here).
+    UNKNOWN_TOOL = CallOutcome.UNKNOWN_TOOL.value
+    DENIED_CAPABILITY = CallOutcome.DENIED_CAPABILITY.value
+    DENIED_DANGEROUS = CallOutcome.DENIED_DANGEROUS.value
+    DENIED_SCOPE = CallOutcome.DENIED_SCOPE.value
+    WRONG_ROUTE = CallOutcome.WRONG_ROUTE.value
+    INVALID_PARAMS = CallOutcome.INVALID_PARAMS.value
+    DENIED_BY_HOOK = CallOutcome.DENIED_BY_HOOK.value
+    TIMEOUT = CallOutcome.TIMEOUT.value
+    HANDLER_ERROR = CallOutcome.HANDLER_ERROR.value
+    UNAVAILABLE = CallOutcome.UNAVAILABLE.value
+    """SPEC M2, D6: what the call needs is down for now (a mounted MCP server that is
+    not connected, a store that cannot commit); retrying later may succeed."""
+    CANCELLED = CallOutcome.CANCELLED.value
+    STALE_CATALOG = CallOutcome.STALE_CATALOG.value
+    BUSY = CallOutcome.BUSY.value
+    """SPEC E3: no worker thread became free for this session or user in time (its share
+    is held, maybe by handlers past their timeout); the handler never started."""
+    CREDENTIAL_EXPIRED = CallOutcome.CREDENTIAL_EXPIRED.value
+    """SPEC S6, A7: the session's credential expired before the handler could start."""
+    CREDENTIAL_REVOKED = CallOutcome.CREDENTIAL_REVOKED.value
+    """SPEC S6, A7: the session's credential was revoked before the handler could start."""
 
 
 class CloseCode(IntEnum):
@@ -97,6 +115,10 @@ class CloseCode(IntEnum):
     """The client said ``bye``; the session is over and cannot be resumed."""
     AUTH_FAILED = 4003
     """SPEC S2: credentials missing or refused, or the profile is not granted."""
+    CREDENTIAL_EXPIRED = 4004
+    """SPEC S6: the credential's lifetime (JWT ``exp``) ended and no refresh came."""
+    CREDENTIAL_REVOKED = 4005
+    """SPEC S6: the credential was revoked (its token left the token file)."""
 
 
 #: One table from a protocol error to its disposition on the wire (SPEC E1): ``None``
@@ -125,6 +147,7 @@ ERROR_DISPOSITION: dict[ErrorCode, CloseCode | None] = {
     ErrorCode.PROFILE_DENIED: CloseCode.AUTH_FAILED,
     ErrorCode.TOO_MANY_SESSIONS: CloseCode.TRY_AGAIN_LATER,
     ErrorCode.CONTEXT_TOO_LARGE: None,
+    ErrorCode.UNAVAILABLE: None,
     ErrorCode.INTERNAL: CloseCode.INTERNAL_ERROR,
 }
 

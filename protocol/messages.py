@@ -5,9 +5,11 @@ discriminator. Client requests carry an optional ``id`` (1-128 characters) that 
 server echoes on its direct reply or error. Server events that a client must not miss
 (SPEC D1) carry ``seq``: per session, gap-free, starting at 1; they are the members of
 :data:`DurableEvent`. Replies (``welcome``, ``error``, ``confirm.result``, ``grants``,
-``job``, ``jobs``, ``context``, ``reconnect``) carry no ``seq`` and are not replayed.
+``job``, ``jobs``, ``context``, ``reconnect``, ``auth.expiring``, ``auth.refreshed``)
+carry no ``seq`` and are not replayed.
 
-Times on the wire are Unix time in seconds (float). Field names follow SPEC.md.
+Times on the wire are Unix time in seconds (float). Field names follow the SPEC
+(ids indexed in docs/protocol.md, "SPEC ids").
 
 Direction unions: :data:`ClientMessage` (client to server), :data:`ServerMessage`
 (server to client). The codec (:mod:`protocol.codec`) holds the one ``TypeAdapter``
@@ -58,6 +60,14 @@ class ResolutionReason(StrEnum):
     TIMEOUT = "timeout"
     CANCELLED = "cancelled"
     DISCONNECTED = "disconnected"
+
+
+class ElicitAction(StrEnum):
+    """The user's answer to an ``elicit.request`` (SPEC M3; MCP elicitation actions)."""
+
+    ACCEPT = "accept"
+    DECLINE = "decline"
+    CANCEL = "cancel"
 
 
 class NotAcceptedReason(StrEnum):
@@ -218,6 +228,17 @@ class ToolConfirm(_Message):
     decision: Decision
 
 
+class ElicitAnswer(_Message):
+    """Answer an ``elicit.request`` (SPEC M3): ``content`` matches the requested schema
+    and is sent only with ``accept``."""
+
+    type: Literal["elicit.answer"] = "elicit.answer"
+    id: RequestId | None = None
+    elicitation_id: Annotated[StrictStr, Field(min_length=1, max_length=256)]
+    action: ElicitAction
+    content: JsonObject | None = None
+
+
 class GrantsList(_Message):
     """List this session's "always allow" grants (SPEC A3)."""
 
@@ -276,12 +297,26 @@ class Bye(_Message):
     id: RequestId | None = None
 
 
+class AuthRefresh(_Message):
+    """Replace the session's credential on the open socket (SPEC S6).
+
+    ``token`` must name the same principal (tenant, user) and still grant the session's
+    profile; else an ``error`` (``auth_failed``, ``principal_mismatch``,
+    ``profile_denied``) answers and the old credential and its expiry stand.
+    """
+
+    type: Literal["auth.refresh"] = "auth.refresh"
+    id: RequestId | None = None
+    token: StrictStr = Field(repr=False)
+
+
 ClientMessage = Annotated[
     Hello
     | CatalogGet
     | Invoke
     | CallCancel
     | ToolConfirm
+    | ElicitAnswer
     | GrantsList
     | GrantsRevoke
     | JobGet
@@ -289,7 +324,8 @@ ClientMessage = Annotated[
     | JobCancel
     | Ack
     | ContextUpdate
-    | Bye,
+    | Bye
+    | AuthRefresh,
     Field(discriminator="type"),
 ]
 
@@ -340,6 +376,20 @@ class ToolStart(_Message):
     params: JsonObject
     approval_id: StrictStr | None = None
     expires_at: Time | None = None
+
+
+class ElicitRequest(_Message):
+    """A running tool (a mounted MCP server's) asks the user for input (SPEC M3); the
+    client answers ``elicit.answer`` before ``expires_at`` or the answer is ``cancel``."""
+
+    type: Literal["elicit.request"] = "elicit.request"
+    seq: Seq
+    call_id: StrictStr
+    tool: StrictStr
+    elicitation_id: StrictStr
+    message: StrictStr
+    requested_schema: JsonObject
+    expires_at: Time
 
 
 class ToolResolved(_Message):
@@ -474,6 +524,16 @@ class ConfirmResult(_Message):
     reason: NotAcceptedReason | None = None
 
 
+class ElicitResult(_Message):
+    """Answer to ``elicit.answer`` (SPEC M3): ``accepted`` is false with a ``reason``."""
+
+    type: Literal["elicit.result"] = "elicit.result"
+    id: RequestId | None = None
+    elicitation_id: StrictStr
+    accepted: StrictBool
+    reason: NotAcceptedReason | None = None
+
+
 class Grants(_Message):
     """This session's "always allow" tools (SPEC A3), answer to grants.list/revoke."""
 
@@ -506,6 +566,26 @@ class Context(_Message):
     context: dict[StrictStr, StrictStr]
 
 
+class AuthExpiring(_Message):
+    """The session's credential expires soon (SPEC S6): send ``auth.refresh`` before
+    ``expires_at`` or the server closes 4004. Not durable (no ``seq``): it concerns the
+    live socket only, and a resume authenticates afresh."""
+
+    type: Literal["auth.expiring"] = "auth.expiring"
+    expires_at: Time
+    seconds_left: StrictFloat
+    """Seconds from when the server sent this until ``expires_at``."""
+
+
+class AuthRefreshed(_Message):
+    """Answer to an accepted ``auth.refresh`` (SPEC S6): the new expiry, or ``None``
+    when the new credential does not expire."""
+
+    type: Literal["auth.refreshed"] = "auth.refreshed"
+    id: RequestId | None = None
+    expires_at: Time | None = None
+
+
 class Reconnect(_Message):
     """Sent before a 1012 close on drain (SPEC S4): reconnect and resume after the delay."""
 
@@ -519,6 +599,7 @@ DurableEvent = (
     Catalog
     | ToolStart
     | ToolResolved
+    | ElicitRequest
     | Result
     | Dispatched
     | CallError
@@ -538,6 +619,7 @@ ServerMessage = Annotated[
     | CatalogNotModified
     | ToolStart
     | ToolResolved
+    | ElicitRequest
     | Result
     | Dispatched
     | CallError
@@ -547,11 +629,14 @@ ServerMessage = Annotated[
     | JobCancelled
     | Error
     | ConfirmResult
+    | ElicitResult
     | Grants
     | Job
     | Jobs
     | Context
-    | Reconnect,
+    | Reconnect
+    | AuthExpiring
+    | AuthRefreshed,
     Field(discriminator="type"),
 ]
 
@@ -561,6 +646,7 @@ CLIENT_TYPES: tuple[type[BaseModel], ...] = (
     Invoke,
     CallCancel,
     ToolConfirm,
+    ElicitAnswer,
     GrantsList,
     GrantsRevoke,
     JobGet,
@@ -569,6 +655,7 @@ CLIENT_TYPES: tuple[type[BaseModel], ...] = (
     Ack,
     ContextUpdate,
     Bye,
+    AuthRefresh,
 )
 SERVER_TYPES: tuple[type[BaseModel], ...] = (
     Welcome,
@@ -576,6 +663,7 @@ SERVER_TYPES: tuple[type[BaseModel], ...] = (
     CatalogNotModified,
     ToolStart,
     ToolResolved,
+    ElicitRequest,
     Result,
     Dispatched,
     CallError,
@@ -585,11 +673,14 @@ SERVER_TYPES: tuple[type[BaseModel], ...] = (
     JobCancelled,
     Error,
     ConfirmResult,
+    ElicitResult,
     Grants,
     Job,
     Jobs,
     Context,
     Reconnect,
+    AuthExpiring,
+    AuthRefreshed,
 )
 
 

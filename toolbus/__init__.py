@@ -7,9 +7,10 @@ interactive console in :mod:`toolbus.interactive`.
 
 from __future__ import annotations
 
-from protocol.messages import Decision, JobInfo, Result, ToolInfo
+from protocol.messages import Decision, ElicitAction, ElicitRequest, JobInfo, Result, ToolInfo
 from toolbus.client import Client, connect
 from toolbus.errors import (
+    Busy,
     CallFailed,
     Cancelled,
     ConnectFailed,
@@ -25,6 +26,7 @@ from toolbus.errors import (
     StaleCatalog,
     Timeout,
     ToolbusClientError,
+    Unavailable,
     UnknownTool,
     UsageError,
     WrongRoute,
@@ -34,6 +36,7 @@ from toolbus.handles import ApprovalRequest, Backoff, EventStream, JobEvent, Job
 __all__ = [
     "ApprovalRequest",
     "Backoff",
+    "Busy",
     "CallFailed",
     "Cancelled",
     "Client",
@@ -43,6 +46,8 @@ __all__ = [
     "DeniedCapability",
     "DeniedDangerous",
     "DeniedScope",
+    "ElicitAction",
+    "ElicitRequest",
     "EventStream",
     "HandlerError",
     "InvalidParams",
@@ -58,6 +63,7 @@ __all__ = [
     "Timeout",
     "ToolInfo",
     "ToolbusClientError",
+    "Unavailable",
     "UnknownTool",
     "UsageError",
     "WrongRoute",

@@ -5,8 +5,8 @@ state every other layer shares (session ids, ``last_seq``, the catalog, what wai
 an answer), sends messages, and pairs each request with the reply carrying its ``id``.
 The requests that are one message and one reply live here too: ``tool.confirm``
 (SPEC A3), ``catalog.get`` (SPEC C3), ``job.list`` / ``job.get`` / ``job.cancel``
-(SPEC J3), ``grants.list`` / ``grants.revoke`` (SPEC A3) and ``context.update``
-(SPEC S5).
+(SPEC J3), ``grants.list`` / ``grants.revoke`` (SPEC A3), ``context.update``
+(SPEC S5) and ``auth.refresh`` (SPEC S6).
 
 The layers above it: :mod:`toolbus.client_inbound` (processing what the server sends),
 :mod:`toolbus.client_link` (connect, reconnect, resume) and :mod:`toolbus.client`
@@ -41,8 +41,20 @@ ApprovalCallback = Callable[[ApprovalRequest], "m.Decision | Awaitable[m.Decisio
 or ``None`` to leave the request to :meth:`~toolbus.client.Client.approvals` or a later
 ``req.allow()``. May be a plain function or a coroutine function."""
 
+ElicitationReply = tuple[m.ElicitAction, "dict[str, Any] | None"]
+ElicitationCallback = Callable[[m.ElicitRequest], "ElicitationReply | Awaitable[ElicitationReply]"]
+"""``on_elicitation(req)``: a running tool asks the user (SPEC M3). Return the
+``(action, content)`` to send as ``elicit.answer``: ``(ElicitAction.ACCEPT, {...})``
+with content matching ``req.requested_schema``, or ``(ElicitAction.DECLINE, None)``.
+May be a plain function or a coroutine function; one that raises answers ``cancel``."""
+
 JobCallback = Callable[[JobEvent], object]
 MessageCallback = Callable[[BaseModel], object]
+ExpiringCallback = Callable[[m.AuthExpiring], "str | Awaitable[str | None] | None"]
+"""``on_auth_expiring(msg)``: the session's credential expires at ``msg.expires_at``
+(SPEC S6). Return a fresh credential (or a coroutine giving one) and the client sends
+it with ``auth.refresh``; return ``None`` to do nothing (the server closes 4004 at
+expiry). May be a plain function or a coroutine function."""
 
 R = TypeVar("R", bound=BaseModel)
 
@@ -75,6 +87,8 @@ class ClientBase:
         on_approval: ApprovalCallback | None = None,
         on_job_event: JobCallback | None = None,
         on_message: MessageCallback | None = None,
+        on_auth_expiring: ExpiringCallback | None = None,
+        on_elicitation: ElicitationCallback | None = None,
         reconnect: bool = True,
         backoff: Backoff | None = None,
         connect_timeout: float = 10.0,
@@ -97,6 +111,11 @@ class ClientBase:
         self._on_approval = on_approval
         self._job_callback = on_job_event
         self._on_message = on_message
+        self._on_expiring = on_auth_expiring
+        self._on_elicitation = on_elicitation
+        self.auth_expiring: m.AuthExpiring | None = None
+        """The last ``auth.expiring`` warning of the current credential (SPEC S6);
+        ``None`` again after a refresh."""
         self._ws_options = dict(ws_options or {})
 
         self.welcome: m.Welcome | None = None
@@ -211,6 +230,28 @@ class ClientBase:
         await self.refresh_catalog(timeout=timeout)
         return dict(reply.context)
 
+    async def refresh_credentials(
+        self, token: str, *, timeout: float | None = None
+    ) -> float | None:
+        """Replace the session's credential on the open socket (SPEC S6).
+
+        The new credential must name the same principal and still grant the session's
+        profile. Once accepted it is also the one a reconnect sends in ``hello``.
+
+        Returns:
+            The new expiry in Unix seconds, or ``None`` when it does not expire.
+
+        Raises:
+            RequestRefused: ``auth_failed``, ``principal_mismatch`` or
+                ``profile_denied``; the old credential and its expiry stand.
+        """
+        reply = await self._request(
+            lambda rid: m.AuthRefresh(id=rid, token=token), m.AuthRefreshed, timeout
+        )
+        self._token = token
+        self.auth_expiring = None
+        return reply.expires_at
+
     # ------------------------------------------------------------------ sending
 
     def _next_id(self) -> str:
@@ -227,6 +268,31 @@ class ClientBase:
         pending = _Pending(message, asyncio.get_running_loop().create_future())
         self._requests[request_id] = pending
         return pending
+
+    async def answer_elicitation(
+        self,
+        elicitation_id: str,
+        action: m.ElicitAction,
+        content: Mapping[str, Any] | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> m.ElicitResult:
+        """Answer an ``elicit.request`` (SPEC M3); the first answer wins.
+
+        Returns:
+            The ``elicit.result``: ``accepted`` false with a ``reason`` when the question
+            was already answered or is unknown to this session.
+        """
+        return await self._request(
+            lambda rid: m.ElicitAnswer(
+                id=rid,
+                elicitation_id=elicitation_id,
+                action=action,
+                content=dict(content) if content is not None else None,
+            ),
+            m.ElicitResult,
+            timeout,
+        )
 
     async def _request(
         self,
@@ -274,6 +340,11 @@ class ClientBase:
                 await ws.send(encode(message), text=True)
 
     # ------------------------------------------------------------------ tasks and changes
+
+    def _follow(self, handle: JobHandle) -> None:
+        """Learn ``handle``'s end through ``job.get`` while it is awaited (SPEC I15);
+        implemented by :class:`~toolbus.client_inbound.ClientInbound`."""
+        raise NotImplementedError
 
     def _spawn(self, coro: Awaitable[Any]) -> None:
         task: asyncio.Task[Any] = asyncio.ensure_future(coro)

@@ -11,6 +11,7 @@ table, :attr:`ClientInbound._HANDLERS`, maps each message class to its handler.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 from collections.abc import Callable
@@ -22,12 +23,16 @@ from protocol import messages as m
 from protocol.errors import ErrorCode
 from toolbus.client_base import ApprovalCallback, ClientBase
 from toolbus.errors import RequestRefused, ToolbusClientError, call_error
-from toolbus.handles import ApprovalRequest, JobEvent, JobHandle, JobOutcome
+from toolbus.handles import FINISHED, ApprovalRequest, JobEvent, JobHandle, JobOutcome
 
 logger = logging.getLogger(__name__)
 
 KEEP_OUTCOMES: Final = 1000
 """Finished job outcomes remembered for handles created late (recorded re-sends)."""
+
+FOLLOW_FIRST_DELAY: Final = 0.5
+"""Seconds between the first two ``job.get`` of a followed job; doubles up to the
+reconnect backoff's cap (SPEC I15, see :meth:`ClientInbound._poll_job`)."""
 
 
 class ClientInbound(ClientBase):
@@ -116,6 +121,27 @@ class ClientInbound(ClientBase):
             except ToolbusClientError as exc:
                 logger.warning("could not send the decision for %s: %s", req.approval_id, exc)
 
+    def _on_elicit_request(self, msg: m.ElicitRequest) -> None:
+        """SPEC M3: a tool asks the user; the ``on_elicitation`` callback answers. Without
+        one the question stays open (answer it with ``answer_elicitation``)."""
+        if self._on_elicitation is not None:
+            self._spawn(self._elicit(msg))
+
+    async def _elicit(self, msg: m.ElicitRequest) -> None:
+        assert self._on_elicitation is not None
+        try:
+            reply = self._on_elicitation(msg)
+            if inspect.isawaitable(reply):
+                reply = await reply
+            action, content = reply
+        except Exception:
+            logger.exception("elicitation callback raised; answering cancel")
+            action, content = m.ElicitAction.CANCEL, None
+        try:
+            await self.answer_elicitation(msg.elicitation_id, action, content)
+        except ToolbusClientError as exc:
+            logger.warning("could not answer elicitation %s: %s", msg.elicitation_id, exc)
+
     def _offer(self, req: ApprovalRequest) -> None:
         for stream in list(self._approval_streams):
             stream.put(req)
@@ -149,6 +175,8 @@ class ClientInbound(ClientBase):
 
     def _on_job_event(self, msg: JobEvent) -> None:
         handle = self._jobs.get(msg.job_id)
+        if handle is not None:
+            handle.events_here = True
         if isinstance(msg, m.JobProgress):
             if handle is not None:
                 handle.progress = (msg.progress, msg.message)
@@ -158,6 +186,33 @@ class ClientInbound(ClientBase):
             stream.put(msg)
         if self._job_callback is not None:
             self._call(self._job_callback, msg)
+
+    def _follow(self, handle: JobHandle) -> None:
+        """Start following ``handle`` through ``job.get`` (once; SPEC I15, K1)."""
+        if handle._following or handle.done() or self._closed is not None:
+            return
+        handle._following = True
+        self._spawn(self._poll_job(handle))
+
+    async def _poll_job(self, handle: JobHandle) -> None:
+        """Ask ``job.get`` at once, then with a doubling delay, until the job ended, a
+        job event showed its events come to this session, or the client closed. A job
+        started by another session of the user (a re-sent ``call_id``, SPEC I15) sends
+        its events there; this is how its re-sender learns its end, exactly once."""
+        delay = FOLLOW_FIRST_DELAY
+        while not handle.done() and not handle.events_here and self._closed is None:
+            try:
+                info = await self.job(handle.job_id)
+            except RequestRefused as exc:
+                handle._fail(exc)
+                return
+            except ToolbusClientError:
+                info = None  # no answer (a reconnect is under way): ask again later
+            if info is not None and info.state in FINISHED:
+                self._job_ended(JobOutcome.from_info(info))
+                return
+            await asyncio.wait([handle._outcome], timeout=delay)
+            delay = min(delay * 2, self.backoff.cap)
 
     def _job_ended(self, outcome: JobOutcome) -> None:
         self._outcomes[outcome.job_id] = outcome
@@ -183,8 +238,30 @@ class ClientInbound(ClientBase):
             return
         logger.warning("server error not tied to a request: %s: %s", msg.code, msg.message)
 
-    def _on_reply(self, msg: m.ConfirmResult | m.Grants | m.Job | m.Jobs | m.Context) -> None:
+    def _on_reply(
+        self, msg: m.ConfirmResult | m.ElicitResult | m.Grants | m.Job | m.Jobs | m.Context
+    ) -> None:
         self._answer(msg.id, msg)
+
+    def _on_auth_refreshed(self, msg: m.AuthRefreshed) -> None:
+        self._answer(msg.id, msg)
+
+    def _on_auth_expiring(self, msg: m.AuthExpiring) -> None:
+        """SPEC S6: note the warning; a callback may hand over a fresh credential."""
+        self.auth_expiring = msg
+        if self._on_expiring is not None:
+            self._spawn(self._renew(msg))
+
+    async def _renew(self, msg: m.AuthExpiring) -> None:
+        assert self._on_expiring is not None
+        try:
+            fresh = self._on_expiring(msg)
+            if inspect.isawaitable(fresh):
+                fresh = await fresh
+            if fresh is not None:
+                await self.refresh_credentials(fresh)
+        except Exception:
+            logger.exception("refreshing the credential failed; it expires at %s", msg.expires_at)
 
     def _on_reconnect(self, msg: m.Reconnect) -> None:
         """SPEC S4: the server drains; wait ``retry_after`` before reconnecting."""
@@ -195,6 +272,7 @@ class ClientInbound(ClientBase):
         m.CatalogNotModified: _on_not_modified,
         m.ToolStart: _on_tool_start,
         m.ToolResolved: _on_resolved,
+        m.ElicitRequest: _on_elicit_request,
         m.Result: _on_result,
         m.Dispatched: _on_dispatched,
         m.CallError: _on_call_error,
@@ -204,10 +282,13 @@ class ClientInbound(ClientBase):
         m.JobCancelled: _on_job_event,
         m.Error: _on_error,
         m.ConfirmResult: _on_reply,
+        m.ElicitResult: _on_reply,
         m.Grants: _on_reply,
         m.Job: _on_reply,
         m.Jobs: _on_reply,
         m.Context: _on_reply,
         m.Reconnect: _on_reconnect,
+        m.AuthExpiring: _on_auth_expiring,
+        m.AuthRefreshed: _on_auth_refreshed,
     }
     """Message class -> handler: one table instead of an if/elif chain."""

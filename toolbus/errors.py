@@ -17,7 +17,9 @@ failure came from::
     │   ├── Timeout                    timeout: the tool ran too long (I8)
     │   ├── HandlerError               handler_error (I8)
     │   ├── Cancelled                  cancelled (I8)
-    │   └── StaleCatalog               stale_catalog: .catalog_version (I13)
+    │   ├── StaleCatalog               stale_catalog: .catalog_version (I13)
+    │   ├── Unavailable                unavailable: e.g. a mounted MCP server is down (M2)
+    │   └── Busy                       busy: no worker thread free for this session/user (E3)
     ├── RequestRefused                 the server answered ``error`` (E1, E2, I12, J3, A3)
     ├── RequestTimeout                 no answer within the caller's timeout (also a TimeoutError)
     ├── ConnectFailed                  the first connection or hello did not succeed
@@ -151,6 +153,16 @@ class StaleCatalog(CallFailed):
         self.catalog_version = event.catalog_version
 
 
+class Unavailable(CallFailed):
+    """``unavailable``: what the call needs is down for now, e.g. a mounted MCP server
+    being reconnected (SPEC M2); the same call may succeed later."""
+
+
+class Busy(CallFailed):
+    """``busy``: the session's or user's share of worker threads stayed full (SPEC E3);
+    the handler never ran, so the same call may be retried."""
+
+
 CALL_ERRORS: Final[dict[ErrorCode, type[CallFailed]]] = {
     ErrorCode.UNKNOWN_TOOL: UnknownTool,
     ErrorCode.DENIED_CAPABILITY: DeniedCapability,
@@ -163,6 +175,8 @@ CALL_ERRORS: Final[dict[ErrorCode, type[CallFailed]]] = {
     ErrorCode.HANDLER_ERROR: HandlerError,
     ErrorCode.CANCELLED: Cancelled,
     ErrorCode.STALE_CATALOG: StaleCatalog,
+    ErrorCode.UNAVAILABLE: Unavailable,
+    ErrorCode.BUSY: Busy,
 }
 """``call.error`` code -> exception class; other codes raise plain :class:`CallFailed`."""
 

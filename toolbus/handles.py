@@ -147,6 +147,10 @@ class JobHandle:
         self.message = dispatched.message
         self.promoted = dispatched.promoted
         self.progress: tuple[float | None, str | None] | None = None
+        self.events_here = False
+        """Set once a job event of this job reached this session: the job's events come
+        here, so :meth:`result` stops following it through ``job.get`` (SPEC I15)."""
+        self._following = False
         self._outcome: asyncio.Future[JobOutcome] = asyncio.get_running_loop().create_future()
 
     def __repr__(self) -> str:
@@ -157,7 +161,15 @@ class JobHandle:
         return self._outcome.done()
 
     async def result(self, timeout: float | None = None) -> JobOutcome:
-        """Wait for the job's terminal event (``job.done``/``failed``/``cancelled``).
+        """Wait for the job's end: its terminal event (``job.done``/``failed``/
+        ``cancelled``) or, whichever comes first, ``job.get`` showing it finished.
+
+        A job's events go to the session that started it only, so a handle that a
+        re-sent ``call_id`` returned in another session (SPEC I15) would never see them.
+        While this waits, the client therefore asks ``job.get`` at once and then with
+        a doubling delay (0.5 s up to the reconnect backoff's cap) until the job ends,
+        or until a job event shows that this session receives the job's events. The
+        handle resolves exactly once, from whichever answer comes first.
 
         Args:
             timeout: seconds to wait; ``None`` waits as long as the job runs.
@@ -170,6 +182,7 @@ class JobHandle:
             RequestTimeout: no end within ``timeout``.
             SessionClosed: the client closed before the job ended.
         """
+        self._client._follow(self)
         try:
             async with asyncio.timeout(timeout):
                 return await asyncio.shield(self._outcome)

@@ -29,10 +29,10 @@ import threading
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final
 
-import orjson
 from pydantic import BaseModel
 
 from protocol import messages as m
+from protocol.codec import decode_json, encode_json
 from toolbus.client import Client
 from toolbus.errors import InvalidParams, ToolbusClientError, UnknownTool
 from toolbus.handles import JobHandle
@@ -48,7 +48,7 @@ DECISIONS: Final = {
 
 
 def _json(value: Any, limit: int = 400) -> str:
-    text = orjson.dumps(value).decode()
+    text = encode_json(value).decode()
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -116,6 +116,11 @@ class Console:
         else:
             say(f"job.cancelled {msg.job_id} {msg.tool}: {msg.summary}")
 
+    def _expiring(self, msg: m.AuthExpiring) -> None:
+        """SPEC S6: the credential lapses soon; this console cannot mint a new one."""
+        left = f"{msg.seconds_left:.0f}"
+        say(f"auth.expiring: the credential expires in {left} s; reconnect with a new token")
+
     PUSHES: Final[dict[type[BaseModel], Callable[[Console, Any], None]]] = {
         m.Catalog: _catalog,
         m.ToolStart: _tool_start,
@@ -124,6 +129,7 @@ class Console:
         m.JobDone: _job_event,
         m.JobFailed: _job_event,
         m.JobCancelled: _job_event,
+        m.AuthExpiring: _expiring,
     }
 
     # -- commands ----------------------------------------------------------------------
@@ -158,7 +164,7 @@ class Console:
         tool, _, raw = args[0].strip().partition(" ")
         if not tool:
             raise ValueError("invoke TOOL {json}")
-        params = orjson.loads(raw) if raw.strip() else {}
+        params = decode_json(raw) if raw.strip() else {}
         if not isinstance(params, dict):
             raise ValueError("params must be a JSON object")
         task = asyncio.create_task(self._call(tool, params))

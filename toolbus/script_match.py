@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import Any, Final
 
-import orjson
+from protocol.codec import encode_json
 
 MATCHER_KEYS: Final = frozenset({"regex", "any", "capture", "absent", "contains"})
 _REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -121,5 +121,5 @@ def _match_matcher(
 
 def short(value: Any, limit: int = 160) -> str:
     """``value`` as JSON (a string as its repr), cut to ``limit`` characters for reports."""
-    text = orjson.dumps(value).decode() if not isinstance(value, str) else repr(value)
+    text = encode_json(value).decode() if not isinstance(value, str) else repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."

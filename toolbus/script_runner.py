@@ -11,17 +11,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-import orjson
 from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 from websockets.typing import Subprotocol
 
+from protocol.codec import decode_json, encode_json
 from toolbus.script_format import Script, ScriptError, Step, load_script
 from toolbus.script_match import StepFailed, match, short, substitute
 
@@ -94,7 +95,10 @@ class Conversation:
         self.script = script
         self.url = url
         self.token = token if token is not None else script.token
-        self.captures: dict[str, Any] = {"token": self.token}
+        # ``${run}``: unique per run, for call ids. A call id is a key of the user for the
+        # server's call_id_window (SPEC I15): a script run twice against one server
+        # with fixed ids would get the first run's recorded outcomes.
+        self.captures: dict[str, Any] = {"token": self.token, "run": secrets.token_hex(4)}
         self.ws: ClientConnection | None = None
         self.session_id: str | None = None
         self.resume_token: str | None = None
@@ -108,7 +112,7 @@ class Conversation:
             self.url, subprotocols=[SUBPROTOCOL], max_size=None, compression=None
         )
         if hello is not None:
-            await self.ws.send(orjson.dumps(hello), text=True)
+            await self.ws.send(encode_json(hello), text=True)
 
     def first_hello(self) -> dict[str, Any]:
         hello: dict[str, Any] = {"type": "hello"}
@@ -147,8 +151,8 @@ class Conversation:
             self.closed = (None, "") if frame is None else (frame.code, frame.reason)
             raise
         try:
-            message = orjson.loads(raw)
-        except orjson.JSONDecodeError:
+            message = decode_json(raw)
+        except ValueError:  # orjson.JSONDecodeError
             return raw
         self._observe(message)
         return message
@@ -180,7 +184,7 @@ Runner = Callable[[Conversation, Step], Coroutine[Any, Any, str]]
 
 async def _send(conv: Conversation, step: Step) -> str:
     message = substitute(step.value, conv.captures)
-    data = orjson.dumps(message)
+    data = encode_json(message)
     await _write(conv, data, text=True)
     return f"sent {short(message)}"
 

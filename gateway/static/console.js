@@ -203,6 +203,8 @@ function wire(c) {
   }
   c.on("error", (msg) => { if (c === client) log("error", `${msg.code}: ${msg.message}`, { bad: true }); });
   c.on("reconnect", (msg) => { if (c === client) log("reconnect", `${msg.reason}; retry after ${msg.retry_after}s`); });
+  // SPEC S6: the console cannot mint a credential; it says when the session will close.
+  c.on("auth.expiring", (msg) => { if (c === client) log("auth.expiring", `credential expires in ${Math.round(msg.seconds_left)}s; reconnect with a new token`, { bad: true }); });
   c.on("close", ({ code, reason, willReconnect }) => {
     if (c === client) log("close", `${code}${reason ? ` ${reason}` : ""}${willReconnect ? " (reconnecting)" : ""}`, { bad: !willReconnect && code !== 1000 });
   });

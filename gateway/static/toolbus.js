@@ -32,6 +32,8 @@ const FATAL_CLOSE = new Map([
   [4000, "session resumed on another connection"],
   [4001, "session ended"],
   [4003, "authentication failed"],
+  [4004, "credential expired"],   // SPEC S6: refresh before expires_at (auth.expiring)
+  [4005, "credential revoked"],
 ]);
 
 /** A client-side failure; `.code` is the wire error code when the server refused, `.detail` the message. */
@@ -69,6 +71,8 @@ function defaultUrl() {
  *   job.progress, job.done, job.failed, job.cancelled   durable events, each seq once
  *   approval       a tool_start carrying approval_id (needs confirm())
  *   reconnect      the server's drain hint
+ *   auth.expiring  the credential expires at detail.expires_at (SPEC S6); call
+ *                  refreshCredentials(token) before then, or the server closes 4004
  *   error          a wire `error` message, or {code, message} for client-side failures
  *   message        every decoded server message, before dispatch (raw view; may repeat)
  *   close          detail {code, reason, willReconnect}
@@ -137,6 +141,8 @@ export class ToolbusClient extends EventTarget {
     this._replayTarget = null;    // welcome.last_seq of a resume, until replay is processed
     this._connectWaiters = [];
     this._lastError = null;
+    /** the last `auth.expiring` of the current credential, null after a refresh (SPEC S6) */
+    this.authExpiring = null;
   }
 
   // ---------------------------------------------------------------- events
@@ -350,6 +356,10 @@ export class ToolbusClient extends EventTarget {
         this._retryAfter = Math.max(0, Number(msg.retry_after) || 0) * 1000;
         this._emit("reconnect", msg);
         return;
+      case "auth.expiring":
+        this.authExpiring = msg;
+        this._emit(msg.type, msg);
+        return;
       case "error":
         if (!this._open) this._lastError = new ToolbusError(msg.message, msg.code, msg);
         if (msg.id && this._calls.size) {
@@ -393,12 +403,10 @@ export class ToolbusClient extends EventTarget {
     this._setState("open");
     this._emit("welcome", msg);
     if (!msg.resumed && previous) {
-      // Calls of the lost session cannot be recovered: fail the ones already sent.
-      for (const [callId, call] of this._calls) {
-        if (!call.sent) continue;
-        this._calls.delete(callId);
-        call.reject(new ToolbusError("the session was lost before this call finished", "session_lost"));
-      }
+      // The lost session's calls are not lost: a call_id is a key of the user, not of
+      // the session (SPEC I15). _afterReplay re-sends each with the same call_id; the
+      // server attaches it to the running call or answers its recorded outcome, and
+      // never runs it twice.
       this._emit("resync", { previousSessionId: previous, sessionId: msg.session_id });
     }
     this._settleConnect(null, msg);
@@ -584,6 +592,17 @@ export class ToolbusClient extends EventTarget {
   /** Revoke an "always allow" grant. */
   async revokeGrant(tool) {
     return (await this._request({ type: "grants.revoke", tool })).tools;
+  }
+
+  /** Replace the session's credential on the open socket (SPEC S6). Resolves with the
+   *  new expiry (Unix s, or null); the token is also what a reconnect sends from now on.
+   *  Rejects with a ToolbusError whose code is auth_failed, principal_mismatch or
+   *  profile_denied, and the old credential stands. */
+  async refreshCredentials(token) {
+    const reply = await this._request({ type: "auth.refresh", token });
+    this.token = token;
+    this.authExpiring = null;
+    return reply.expires_at ?? null;
   }
 }
 

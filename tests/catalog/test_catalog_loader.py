@@ -273,7 +273,7 @@ def test_file_level_problems(write_yaml, tmp_path: Path) -> None:
     issues = issues_of([path, tmp_path / "nope.yaml"])
     assert [issue.message for issue in issues] == [
         "no such file or directory",
-        "tool: unknown top-level key; allowed: guidance, tools",
+        "tool: unknown top-level key; allowed: guidance, mcp_servers, tools",
         "tools: must be a list of definitions",
     ]
 

@@ -74,16 +74,20 @@ async def test_invoke_sync(gateway: Gateway) -> None:
 
 
 async def test_same_call_id_returns_recorded_outcome(gateway: Gateway) -> None:
-    """SPEC I12, D1: a re-used call_id gets the recorded result although its seq was seen."""
+    """SPEC I12, I15, D1: a re-used call_id gets the recorded result although its seq was
+    seen; with other parameters it is refused call_id_conflict."""
     async with connect(gateway) as bus:
         first = await bus.invoke("convert_units", KM, call_id="same", timeout=WAIT)
-        again = await bus.invoke(
-            "convert_units",
-            {"value": 5, "from_unit": "m", "to_unit": "cm"},
-            call_id="same",
-            timeout=WAIT,
-        )
+        again = await bus.invoke("convert_units", KM, call_id="same", timeout=WAIT)
         assert again == first
+        with pytest.raises(toolbus.RequestRefused) as refused:
+            await bus.invoke(
+                "convert_units",
+                {"value": 5, "from_unit": "m", "to_unit": "cm"},
+                call_id="same",
+                timeout=WAIT,
+            )
+        assert refused.value.code == "call_id_conflict"
 
 
 async def test_async_job_handle_and_events(gateway: Gateway) -> None:

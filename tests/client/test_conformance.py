@@ -40,6 +40,16 @@ async def test_conformance(gateway: Gateway, path: Path) -> None:
     assert report.passed, report.render()
 
 
+async def test_whole_suite_twice_against_one_server(gateway: Gateway) -> None:
+    """SPEC K3, I15: the suite runs as a user would (`toolbus run tests/conformance/*.yaml`),
+    every file against the one server, twice over: call ids are keys of the user kept
+    for a day, so each file makes its own with ``${run}`` and nothing collides."""
+    for _ in range(2):
+        for path in SUITE:
+            report = await run_file(path, gateway.url)
+            assert report.passed, report.render()
+
+
 async def test_failing_expect_is_reported(gateway: Gateway) -> None:
     """SPEC K3: a mismatching expect fails naming step, expected and got; later steps don't run."""
     report = await run_file(DATA / "failing_expect.yaml", gateway.url)

@@ -93,11 +93,11 @@ async def test_a1_confirm_tool_calls_option_gates_every_call(tmp_path: Path) -> 
             await confirm(p, start["approval_id"], "allow", "r1")
             assert (await p.terminal("c1"))["type"] == "result"
         async with peer(gw) as p:  # without the option, the same tool is not gated
-            await p.invoke("c1", "echo", {})
-            start = await p.expect("tool_start", call_id="c1")
+            await p.invoke("c2", "echo", {})  # a new id: "c1" is the user's key (SPEC I15)
+            start = await p.expect("tool_start", call_id="c2")
             assert "approval_id" not in start
             assert "expires_at" not in start
-            assert (await p.terminal("c1"))["type"] == "result"
+            assert (await p.terminal("c2"))["type"] == "result"
 
 
 async def test_a1_demo_voice_profile_auto_approves_clock_now(gateway: Gateway) -> None:
@@ -305,7 +305,8 @@ async def test_a3_allow_always_grant_listed_revoked_then_gated_again(tmp_path: P
 
 
 async def test_a3_duplicate_unknown_forged_and_foreign_confirms_are_refused(tmp_path: Path) -> None:
-    """SPEC A3: duplicate, unknown, forged, cross-session ids: not accepted, no change."""
+    """SPEC A3, A7: duplicate, unknown, forged, cross-session ids: not accepted, no change;
+    another session's id is ``unknown`` like a forged one (F26)."""
     async with (
         serve(tmp_path) as gw,
         peer(gw) as alice,
@@ -319,10 +320,10 @@ async def test_a3_duplicate_unknown_forged_and_foreign_confirms_are_refused(tmp_
             "f2", "ap_never_issued", "unknown"
         )
         assert await confirm(bob, approval_id, "allow", "b1") == not_accepted(
-            "b1", approval_id, "not_yours"
+            "b1", approval_id, "unknown"
         )
         assert await confirm(alice2, approval_id, "deny", "a2") == not_accepted(
-            "a2", approval_id, "not_yours"
+            "a2", approval_id, "unknown"
         )
         assert approval_id in gw.approvals.pending
         assert tt.STATE.calls == {}
@@ -332,7 +333,7 @@ async def test_a3_duplicate_unknown_forged_and_foreign_confirms_are_refused(tmp_
             "a3", approval_id, "already_decided"
         )
         assert await confirm(bob, approval_id, "allow", "b2") == not_accepted(
-            "b2", approval_id, "not_yours"
+            "b2", approval_id, "unknown"
         )
         assert tt.STATE.calls == {"gated": 1}
 
@@ -394,7 +395,7 @@ async def test_a4_bye_denies_pending_approvals_disconnected(tmp_path: Path) -> N
                 assert p.ws.close_code == 4001 or p.ws.close_code == 1000
             assert gw.approvals.pending == {}
             assert gw.pipeline._call_state == {}
-            assert gw.approvals._refusal("other", approval_id) is m.NotAcceptedReason.NOT_YOURS
+            assert gw.approvals._refusal("other", approval_id) is m.NotAcceptedReason.UNKNOWN
     assert len(records) == 1
     assert records[0]["outcome"] == "cancelled"
     assert (records[0]["approval"]["resolution"], records[0]["approval"]["reason"]) == (

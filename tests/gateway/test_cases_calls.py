@@ -1,4 +1,6 @@
-"""Field failure cases about calls and approvals (cases F01-F05, F10, F11; CASES.md).
+"""Field failure cases about calls and approvals (cases F01-F05, F10, F11).
+
+Each test docstring states the case's input and the outcome it pins.
 
 F08 and F09 live in ``test_pipeline.py``; the job half of F11 in ``test_jobs.py``.
 """

@@ -183,7 +183,8 @@ async def test_restart_does_not_resolve_an_allowed_approval_twice(tmp_path: Path
     """SPEC A3/A6: an approval allowed before a restart keeps its one resolution; the call
     that was running ends cancelled without a second, contradictory tool.resolved."""
     tt.reset()
-    settings = settings_for(tmp_path, catalog=tt.write_catalog(tmp_path))
+    # No drain grace (SPEC J6): the restart cuts the running handler off.
+    settings = settings_for(tmp_path, catalog=tt.write_catalog(tmp_path), server={"drain_grace": 0})
     async with running(settings) as gw, peer(gw, options={"confirm_tool_calls": True}) as p:
         await p.invoke("b1", "blocking", {})
         start = await p.expect("tool_start", call_id="b1")
@@ -215,14 +216,14 @@ async def test_drain_during_replay_keeps_order(tmp_path: Path) -> None:
             fields = resume_fields(p, 1)
             p.ws.transport.abort()
         finished = asyncio.Event()
-        finish = gw.pipeline._finish
+        finish = gw.pipeline.end.finish
 
         def finishing(call: Any, *args: Any, **kwargs: Any) -> None:
             finish(call, *args, **kwargs)
             if call.call_id == "live2":
                 finished.set()
 
-        gw.pipeline._finish = finishing  # type: ignore[method-assign]
+        gw.pipeline.end.finish = finishing  # type: ignore[method-assign]
         async with peer(gw, **fields) as q:
             q.ws.transport.pause_reading()  # the replay backs up in the server's writer
             for i in range(3):

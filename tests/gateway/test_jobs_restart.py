@@ -6,7 +6,10 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from gateway.context import ToolContext
+from tests.pg_support import store_backend  # noqa: F401 (fixture: SQLite, PostgreSQL)
 from tests.support import peer, running, settings_for
 
 TOOLS = """
@@ -38,6 +41,7 @@ async def wait_then_answer(params: dict[str, Any], ctx: ToolContext) -> dict[str
     return {"summary": f"{ctx.tool} {params['n']} done", "n": params["n"]}
 
 
+@pytest.mark.usefixtures("store_backend")
 async def test_restart_reruns_idempotent_and_fails_the_rest(tmp_path: Path) -> None:
     """SPEC J5: after a drain and a new start on the same store, the idempotent job runs again
     under its own id and completes; the other is reported failed ("interrupted")."""

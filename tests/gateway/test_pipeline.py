@@ -11,10 +11,10 @@ from typing import Any
 
 import tests.gateway.tools_for_tests as tt
 from catalog.model import Profile
-from gateway.audit import Outcome
 from gateway.pipeline import Call
 from gateway.server import Gateway
 from protocol import messages as m
+from protocol.outcomes import CallOutcome
 from tests.gateway.tools_for_tests import audit_records, serve, wait_thread_event
 from tests.support import Peer, peer
 
@@ -69,12 +69,13 @@ async def test_i1_tool_outside_session_catalog_fails_like_unknown(gateway: Gatew
             "suggestions": ["notes_list"],  # only visible names; the hidden tool is never revealed
         }
     async with peer(gateway) as p:
-        await p.invoke("c1", "project_summary", {})
-        err = await p.terminal("c1")
+        # A new call id: "c1" of this user is a key of the first call (SPEC I15).
+        await p.invoke("c2", "project_summary", {})
+        err = await p.terminal("c2")
         assert err == {
             "type": "call.error",
             "seq": 2,
-            "call_id": "c1",
+            "call_id": "c2",
             "tool": "project_summary",
             "code": "unknown_tool",
             "message": "no tool named 'project_summary'",
@@ -386,16 +387,22 @@ async def test_i11_one_audit_record_per_call_masked_and_truncated(tmp_path: Path
 
 
 async def test_i12_resent_invoke_returns_recorded_outcome(tmp_path: Path) -> None:
-    """SPEC I12: the same call_id again gets the recorded terminal (same seq); one run."""
+    """SPEC I12, I15: the same call_id again gets the recorded terminal (same seq); one
+    run. With other parameters or another tool it is refused call_id_conflict."""
     async with serve(tmp_path) as gw, peer(gw) as p:
         await p.invoke("c1", "echo", {"note": "once"})
         first = await p.terminal("c1")
-        await p.invoke("c1", "echo", {"note": "twice"})
+        await p.invoke("c1", "echo", {"note": "once"})
         again = await p.terminal("c1")
         assert again == first
         assert tt.STATE.calls == {"echo": 1}
-        await p.invoke("c1", "nope")  # even a different tool name gets the recorded outcome
+        await p.invoke("c1", "echo", {"note": "twice"}, id="r2")
+        assert (await p.expect("error", id="r2"))["code"] == "call_id_conflict"
+        await p.invoke("c1", "nope", id="r3")
+        assert (await p.expect("error", id="r3"))["code"] == "call_id_conflict"
+        await p.invoke("c1", "echo", {"note": "once"})
         assert await p.terminal("c1") == first
+        assert tt.STATE.calls == {"echo": 1}
         assert [m["type"] for m in for_call(p, "c1")] == [
             "tool_start",
             "result",
@@ -493,7 +500,7 @@ async def test_i12_resend_before_the_terminal_is_committed(tmp_path: Path) -> No
         session = gw.sessions.get(p.welcome["session_id"])
         assert session is not None
         call = Call(session, "c1", "echo", {}, time.perf_counter())
-        gw.pipeline._finish(call, Outcome.OK, m.Result, result={"x": 1})
+        gw.pipeline.end.finish(call, CallOutcome.OK, m.Result, result={"x": 1})
         gw.pipeline.accept(session, m.Invoke(call_id="c1", tool="echo"))  # no await in between
         first = await p.terminal("c1")
         assert await p.terminal("c1") == first

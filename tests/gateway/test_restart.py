@@ -17,6 +17,7 @@ from websockets.asyncio.client import connect
 from gateway.config import DEMO_DIR, Settings
 from gateway.demo import handlers
 from gateway.server import Gateway
+from tests.pg_support import store_backend  # noqa: F401 (fixture: SQLite, PostgreSQL)
 from tests.support import WAIT, Peer, peer, running, settings_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -148,6 +149,7 @@ async def after_restart(gw: Gateway, p: Peer, state: dict[str, Any]) -> None:
         assert await again.terminal("gated") == cancelled
 
 
+@pytest.mark.usefixtures("store_backend")
 async def test_restart_after_drain_resumes_without_loss(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -165,6 +167,7 @@ async def test_restart_after_drain_resumes_without_loss(
         await after_restart(second, p, state)
 
 
+@pytest.mark.usefixtures("store_backend")
 async def test_restart_after_crash_resumes_without_loss(tmp_path: Path) -> None:
     """RESTART / SPEC D3, J5: the server process is SIGKILLed; a new server on the same
     data_dir resumes the session: the same guarantees as after a drain."""

@@ -1,4 +1,5 @@
-"""The SQLite store: bounded WAL, bounded call records (SPEC D1-D3, I12)."""
+"""The stores: bounded WAL (SQLite), bounded call records and the purge on SQLite and
+PostgreSQL (SPEC D1-D3, I12, N1)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ from pathlib import Path
 import pytest
 
 from gateway import store as store_module
-from gateway.store import JobRow, SessionRow, SqliteStore
+from gateway.store import JobRow, SessionRow, SqliteStore, Store
+from gateway.store_pg import PgStore
+from tests.pg_support import store_backend  # noqa: F401 (fixture: SQLite, PostgreSQL)
 from tests.support import peer, running, settings_for
 
 
@@ -27,6 +30,7 @@ def test_wal_stays_bounded_under_sustained_writes(
     store.close()
 
 
+@pytest.mark.usefixtures("store_backend")
 async def test_call_records_window(tmp_path: Path) -> None:
     """SPEC I12: the last max_call_records outcomes are re-sent as recorded; an older
     call_id re-sent is a new call, and its old record is gone from the store."""
@@ -79,10 +83,17 @@ def _session(session_id: str, expires_at: float | None) -> SessionRow:
     )
 
 
-def test_purge_keeps_jobs_for_their_retention_and_drops_expired_sessions(tmp_path: Path) -> None:
+def test_purge_keeps_jobs_for_their_retention_and_drops_expired_sessions(
+    tmp_path: Path,
+    store_backend: str,  # noqa: F811 (the fixture imported above)
+) -> None:
     """SPEC D2: finished jobs stay readable for the retention (7 days by default); running
     jobs and live sessions are never purged; sessions past their resume window are."""
-    store = SqliteStore(tmp_path / "db.sqlite")
+    store: Store
+    if store_backend == "sqlite":
+        store = SqliteStore(tmp_path / "db.sqlite")
+    else:
+        store = PgStore(store_backend)
     day = 24 * 3600.0
     now = 100 * day
     for job in (_job("old", now - 8 * day), _job("recent", now - 6 * day), _job("live", None)):

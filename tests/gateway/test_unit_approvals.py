@@ -64,18 +64,19 @@ async def test_case_f01_waiters_that_give_up_decide_nothing() -> None:
 
 
 async def test_a3_refusal_reasons() -> None:
-    """SPEC A3: unknown, not_yours (session or user), already_decided: no change."""
+    """SPEC A3, A7: unknown (never issued, or another session's or user's: F26),
+    already_decided: no change."""
     reg = registry()
     approval = reg.open("s1", "alice", "c1", "t", {})
     aid = approval.approval_id
     assert reg.confirm("s1", "alice", "ap_nope", Decision.ALLOW) is NotAcceptedReason.UNKNOWN
-    assert reg.confirm("s2", "alice", aid, Decision.ALLOW) is NotAcceptedReason.NOT_YOURS
-    assert reg.confirm("s1", "bob", aid, Decision.ALLOW) is NotAcceptedReason.NOT_YOURS
+    assert reg.confirm("s2", "alice", aid, Decision.ALLOW) is NotAcceptedReason.UNKNOWN
+    assert reg.confirm("s1", "bob", aid, Decision.ALLOW) is NotAcceptedReason.UNKNOWN
     assert aid in reg.pending
     assert approval.outcome is None
     assert reg.confirm("s1", "alice", aid, Decision.DENY) is None
     assert reg.confirm("s1", "alice", aid, Decision.ALLOW) is NotAcceptedReason.ALREADY_DECIDED
-    assert reg.confirm("s2", "bob", aid, Decision.ALLOW) is NotAcceptedReason.NOT_YOURS
+    assert reg.confirm("s2", "bob", aid, Decision.ALLOW) is NotAcceptedReason.UNKNOWN
     assert approval.outcome is not None
     assert approval.outcome.resolution is Resolution.DENIED
 

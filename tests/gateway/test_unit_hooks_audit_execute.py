@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,7 @@ from gateway.audit import MASK, redact
 from gateway.context import ToolContext
 from gateway.execute import as_object, run_handler
 from gateway.hooks import CallInfo, Deny, resolve, run_post, run_pre
+from gateway.workers import Lane
 from tests.support import WAIT
 
 TOOL = ToolDef(
@@ -100,7 +100,8 @@ async def test_i8_cancelling_a_handler_sets_ctx_cancelled_and_propagates() -> No
         started.set()
         await asyncio.Event().wait()
 
-    with ThreadPoolExecutor(1) as pool:
+    pool = Lane("calls", 1, 1, 1, None)
+    try:
         c1 = ctx()
         task = asyncio.ensure_future(run_handler(coro, {}, c1, pool))
         async with asyncio.timeout(WAIT):
@@ -126,3 +127,5 @@ async def test_i8_cancelling_a_handler_sets_ctx_cancelled_and_propagates() -> No
             await task
         assert c2.cancelled.is_set()
         release.set()
+    finally:
+        pool.close()

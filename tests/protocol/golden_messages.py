@@ -86,6 +86,13 @@ CLIENT_GOLDEN: list[tuple[BaseModel, bytes]] = [
         m.ToolConfirm(id="r3", approval_id="ap-1", decision=m.Decision.ALLOW_ALWAYS),
         b'{"type":"tool.confirm","id":"r3","approval_id":"ap-1","decision":"allow_always"}',
     ),
+    (
+        m.ElicitAnswer(
+            id="r9", elicitation_id="el-1", action=m.ElicitAction.ACCEPT, content={"name": "Ada"}
+        ),
+        b'{"type":"elicit.answer","id":"r9","elicitation_id":"el-1","action":"accept",'
+        b'"content":{"name":"Ada"}}',
+    ),
     (m.GrantsList(id="r4"), b'{"type":"grants.list","id":"r4"}'),
     (m.GrantsRevoke(tool="weather"), b'{"type":"grants.revoke","tool":"weather"}'),
     (m.JobGet(id="r5", job_id="j1"), b'{"type":"job.get","id":"r5","job_id":"j1"}'),
@@ -100,6 +107,7 @@ CLIENT_GOLDEN: list[tuple[BaseModel, bytes]] = [
         b'{"type":"context.update","context":{"project_id":"p2","origin":null}}',
     ),
     (m.Bye(id="r6"), b'{"type":"bye","id":"r6"}'),
+    (m.AuthRefresh(id="r7", token="jwt"), b'{"type":"auth.refresh","id":"r7","token":"jwt"}'),
 ]
 
 SERVER_GOLDEN: list[tuple[BaseModel, bytes]] = [
@@ -179,6 +187,20 @@ SERVER_GOLDEN: list[tuple[BaseModel, bytes]] = [
         ),
         b'{"type":"tool.resolved","seq":3,"call_id":"c1","approval_id":"ap-1",'
         b'"tool":"delete_file","resolution":"denied","reason":"timeout","always":false}',
+    ),
+    (
+        m.ElicitRequest(
+            seq=3,
+            call_id="c1",
+            tool="ev_ask",
+            elicitation_id="el-1",
+            message="Your name?",
+            requested_schema={"type": "object", "properties": {"name": {"type": "string"}}},
+            expires_at=1700000000.5,
+        ),
+        b'{"type":"elicit.request","seq":3,"call_id":"c1","tool":"ev_ask",'
+        b'"elicitation_id":"el-1","message":"Your name?","requested_schema":{"type":"object",'
+        b'"properties":{"name":{"type":"string"}}},"expires_at":1700000000.5}',
     ),
     (
         m.Result(seq=4, call_id="c1", tool="weather", result={"temp": 21.5}, replaced=True),
@@ -270,6 +292,10 @@ SERVER_GOLDEN: list[tuple[BaseModel, bytes]] = [
         b'"reason":"expired"}',
     ),
     (
+        m.ElicitResult(id="r9", elicitation_id="el-1", accepted=True),
+        b'{"type":"elicit.result","id":"r9","elicitation_id":"el-1","accepted":true}',
+    ),
+    (
         m.Grants(id="r4", tools=["weather", "search"]),
         b'{"type":"grants","id":"r4","tools":["weather","search"]}',
     ),
@@ -287,4 +313,13 @@ SERVER_GOLDEN: list[tuple[BaseModel, bytes]] = [
         m.Reconnect(reason="deploy", retry_after=2.5),
         b'{"type":"reconnect","reason":"deploy","retry_after":2.5}',
     ),
+    (
+        m.AuthExpiring(expires_at=1700000060.0, seconds_left=59.5),
+        b'{"type":"auth.expiring","expires_at":1700000060.0,"seconds_left":59.5}',
+    ),
+    (
+        m.AuthRefreshed(id="r7", expires_at=1700003600.0),
+        b'{"type":"auth.refreshed","id":"r7","expires_at":1700003600.0}',
+    ),
+    (m.AuthRefreshed(), b'{"type":"auth.refreshed"}'),
 ]

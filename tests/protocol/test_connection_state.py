@@ -6,9 +6,9 @@ import pytest
 from golden_messages import CLIENT_GOLDEN
 
 from protocol import codec
+from protocol.connection_state import LEGAL, Connection, Ignored, State
 from protocol.errors import CloseCode, DecodeError, ErrorCode, StateError, UsageError
 from protocol.messages import CLIENT_TYPES, type_name
-from protocol.session import LEGAL, Connection, Ignored, State
 
 #: One encoded example per client type, from the golden table.
 EXAMPLE = {type_name(type(message)): raw for message, raw in reversed(CLIENT_GOLDEN)}

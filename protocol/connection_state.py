@@ -40,6 +40,7 @@ _AFTER_HELLO: Final = frozenset(
         m.Invoke,
         m.CallCancel,
         m.ToolConfirm,
+        m.ElicitAnswer,
         m.GrantsList,
         m.GrantsRevoke,
         m.JobGet,
@@ -48,6 +49,7 @@ _AFTER_HELLO: Final = frozenset(
         m.Ack,
         m.ContextUpdate,
         m.Bye,
+        m.AuthRefresh,
     )
 )
 

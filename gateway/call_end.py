@@ -1,0 +1,159 @@
+"""One call on its way through the pipeline, and its one exit (SPEC I11, I12, I15, I16).
+
+:class:`Call` is the state of one ``invoke`` while it runs. :class:`CallEnd` is the only
+place a call ends: :meth:`CallEnd.finish` emits the terminal event (``result``,
+``dispatched`` or ``call.error``), refuses a second one for the same ``call_id``, records
+it for idempotent re-sends, delivers it to sessions attached through the ledger and
+writes the audit record. Admission, the approval gate and execution
+(:mod:`gateway.admission`, :mod:`gateway.approval_gate`, :mod:`gateway.execution`) all
+end calls through it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from catalog.model import ToolDef
+from gateway import audit
+from gateway.authority import Lapse
+from gateway.config import CallsConfig
+from gateway.framesize import clip_text, oversize, payload_budget, too_deep
+from gateway.ledger import CallLedger, deliver
+from gateway.metrics import Metrics
+from gateway.session import Session
+from protocol import messages as m
+from protocol.codec import SERVER_MAX_DEPTH, json_problem
+from protocol.errors import ErrorCode
+from protocol.outcomes import CallOutcome
+
+logger = logging.getLogger("gateway.pipeline")
+
+PASS_THROUGH = (asyncio.CancelledError, KeyboardInterrupt, SystemExit)
+"""What a handler may raise that does not end its call ``handler_error`` (SPEC I8, I16):
+cancellation propagates, and an exit request stops the process."""
+
+
+@dataclass(slots=True)
+class Call:
+    """One invocation on its way through the pipeline."""
+
+    session: Session
+    call_id: str
+    tool_name: str
+    params: dict[str, Any]
+    started: float
+    tool: ToolDef | None = None
+    approval: dict[str, Any] | None = None
+    job_id: str | None = None
+    cancel_requested: bool = False
+    approval_id: str | None = None
+    """The approval this call waits on, while it waits."""
+    executing: bool = False
+    """Its handler started: an expiring session no longer cancels it (SPEC I15)."""
+    audit_extra: dict[str, Any] = field(default_factory=dict)
+
+
+class CallEnd:
+    """The one exit of every call (SPEC I11, I12, I15, I16, E2); one per server.
+
+    Args:
+        ledger: the principals' call ids across sessions (SPEC I15): it learns each
+            terminal event and names the sessions waiting on it.
+        metrics: the server's metrics (one ``invocation`` per call).
+        calls: call settings (``audit_param_bytes``).
+        max_frame: the announced ``max_message_bytes``: a result and an error text must
+            fit their frame (SPEC E2, :mod:`gateway.framesize`); ``None``: no bound.
+    """
+
+    def __init__(
+        self, ledger: CallLedger, metrics: Metrics, calls: CallsConfig, max_frame: int | None
+    ) -> None:
+        self.ledger = ledger
+        self.metrics = metrics
+        self.calls = calls
+        self.max_frame = max_frame
+
+    def too_big(self, call: Call, value: Any, what: str) -> str | None:
+        """SPEC E2: why ``value`` (params or result) would not fit in this call's
+        ``tool_start``/``result`` frame, e.g. ``params are 70000 bytes as JSON; at most
+        65000 fit``, or ``None`` when it fits (or there is no value or no bound)."""
+        if self.max_frame is None or value is None:
+            return None
+        budget = payload_budget(self.max_frame, call.call_id, call.tool_name)
+        size = oversize(value, budget)
+        return None if size is None else f"{what} {size} bytes as JSON; at most {budget} fit"
+
+    def error(
+        self, call: Call, code: ErrorCode, message: str, outcome: CallOutcome, **fields: Any
+    ) -> None:
+        """End ``call`` with ``call.error`` ``code`` and ``message`` (clipped to fit)."""
+        message = self.clip(call, message)
+        self.finish(call, outcome, m.CallError, code=code, message=message, **fields)
+
+    def lapsed(self, call: Call, lapse: Lapse) -> None:
+        """SPEC A7, S6: a gate failed after a wait; the call ends with its typed denial."""
+        self.error(call, lapse.code, lapse.message, CallOutcome(lapse.code.value))
+
+    def clip(self, call: Call, message: str) -> str:
+        """SPEC E2: an error text (a handler's exception, a ToolFailure) cut so that its
+        ``call.error`` frame fits the announced ``max_message_bytes``."""
+        if self.max_frame is None:
+            return message
+        return clip_text(message, payload_budget(self.max_frame, call.call_id, call.tool_name))
+
+    def finish(self, call: Call, outcome: CallOutcome, cls: type[Any], **fields: Any) -> None:
+        """Emit the call's one terminal event, record it in the session and the ledger,
+        deliver it to attached sessions, audit it (SPEC I11, I12, I15, I16)."""
+        session = call.session
+        if call.call_id in session.done_calls:
+            return
+        session.done_calls[call.call_id] = None  # before emit: a second finish is refused
+        try:
+            too_big = self.too_big(call, fields.get("result"), "result is")
+            if too_big is not None:
+                # SPEC E2: a result frame must fit the max_message_bytes clients were told.
+                raise ValueError(too_big)
+            if too_deep(fields.get("result"), SERVER_MAX_DEPTH - 1):
+                # SPEC I16: a client drops a frame nested past SERVER_MAX_DEPTH levels, and
+                # with it the call's one reply.
+                raise ValueError(f"result is nested deeper than {SERVER_MAX_DEPTH - 1} levels")
+            body = session.emit(cls, call_id=call.call_id, tool=call.tool_name, **fields)
+        except (TypeError, ValueError) as exc:
+            # SPEC I16: emit encodes before it stages, so a value the codec refuses never
+            # reaches the log; the call still ends, naming the problem.
+            problem = json_problem(fields.get("result")) or str(exc)
+            logger.info("%s returned a value that cannot be sent: %s", call.tool_name, problem)
+            outcome, fields = CallOutcome.HANDLER_ERROR, {"code": ErrorCode.HANDLER_ERROR}
+            fields["message"] = self.clip(call, f"the handler's value cannot be sent: {problem}")
+            body = session.emit(m.CallError, call_id=call.call_id, tool=call.tool_name, **fields)
+        session.call_done(call.call_id, body)
+        for waiter in self.ledger.finish(session, call.call_id, body):
+            deliver(waiter, call.call_id, body)
+        elapsed = time.perf_counter() - call.started
+        self.metrics.invocation(
+            outcome.value, call.tool.mode.value if call.tool else "none", elapsed
+        )
+        if audit.enabled():
+            self._audit(call, outcome, elapsed, fields.get("code"))
+
+    def _audit(self, call: Call, outcome: CallOutcome, elapsed: float, code: Any) -> None:
+        """SPEC I11: one audit record per call, sensitive params redacted."""
+        session = call.session
+        sensitive = call.tool.sensitive if call.tool else ()
+        audit.record(
+            tool=call.tool_name,
+            outcome=outcome.value,
+            profile=session.profile.name,
+            user=session.user,
+            session=session.id,
+            call_id=call.call_id,
+            duration_ms=round(elapsed * 1000, 3),
+            params=audit.redact(call.params, sensitive, self.calls.audit_param_bytes),
+            approval=call.approval,
+            job_id=call.job_id,
+            code=code,
+        )

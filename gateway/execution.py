@@ -1,0 +1,240 @@
+"""Execution of a call: its context, hooks and handler (SPEC I5, I6, I8-I10, I14, A7).
+
+:meth:`Execution.prepare` builds the :class:`~gateway.context.ToolContext` (I5) and runs
+the pre-hooks (I6). :meth:`Execution.execute` re-checks every gate after the approval
+wait (A7), then dispatches an async tool to the job runner (I9) or runs a sync one under
+its timeout, promoting it to a job past ``promote_after`` (I8, I14); post-hooks (I10)
+follow. Every path ends through :class:`~gateway.call_end.CallEnd`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from catalog.model import Mode, ToolDef
+from gateway.authority import Authority, Lapse
+from gateway.call_end import PASS_THROUGH, Call, CallEnd
+from gateway.config import CallsConfig
+from gateway.context import ProgressRelay, ToolContext, no_progress
+from gateway.execute import as_object, run_handler
+from gateway.failures import ToolFailure, describe
+from gateway.hooks import CallInfo, PostHook, PreHook, run_post, run_pre
+from gateway.jobs import JobRunner, PostProcess
+from gateway.store import JobRow
+from gateway.workers import Lane
+from protocol import messages as m
+from protocol.errors import ErrorCode
+from protocol.outcomes import CallOutcome
+
+if TYPE_CHECKING:
+    from gateway.catalog_state import CatalogState
+
+logger = logging.getLogger("gateway.pipeline")
+
+
+class Execution:
+    """Runs an admitted, approved call's handler; one per server.
+
+    Args:
+        catalog: the server's current catalog state (for :meth:`rerun_plan`).
+        jobs: the job runner (SPEC I9, I14).
+        calls: call settings (``default_timeout``, ``thread_wait``).
+        pre_hooks: pre-execute hooks in order (SPEC I6).
+        post_hooks: post-execute hooks in order (SPEC I10).
+        pool: the worker lane for plain handlers of sync calls (SPEC S3, E3).
+        data_dir: the folder handed to tools as ``ctx.data_dir``.
+        authority: the re-check of every gate after each wait (SPEC A7, S6).
+        end: the one exit.
+    """
+
+    def __init__(
+        self,
+        catalog: CatalogState,
+        jobs: JobRunner,
+        calls: CallsConfig,
+        pre_hooks: Sequence[PreHook],
+        post_hooks: Sequence[PostHook],
+        pool: Lane,
+        data_dir: Any,
+        authority: Authority,
+        end: CallEnd,
+    ) -> None:
+        self.catalog = catalog
+        self.jobs = jobs
+        self.calls = calls
+        self.pre_hooks = list(pre_hooks)
+        self.post_hooks = list(post_hooks)
+        self.pool = pool
+        self.data_dir = data_dir
+        self.authority = authority
+        self.end = end
+
+    async def prepare(self, call: Call, tool: ToolDef) -> tuple[ToolContext, CallInfo] | None:
+        """SPEC I5, I6: the call's context, then the pre-hooks; ``None`` when a hook
+        denied the call (it has ended ``denied_by_hook``)."""
+        session = call.session
+        ctx = ToolContext(
+            session_id=session.id,
+            user=session.user,
+            profile=session.profile.name,
+            context=dict(session.context),
+            call_id=call.call_id,
+            tool=tool.name,
+            data_dir=self.data_dir,
+            tenant=session.tenant,
+            progress=ProgressRelay() if tool.promote_after is not None else no_progress,
+            recheck=self.authority.gate(session, tool.name),
+        )
+        info = CallInfo(
+            session.id,
+            session.user,
+            session.profile.name,
+            call.call_id,
+            tool,
+            call.params,
+            ctx.context,
+        )
+        deny = await run_pre(self.pre_hooks, info)
+        if deny is None:
+            return ctx, info
+        self.end.error(
+            call,
+            ErrorCode.DENIED_BY_HOOK,
+            deny.reason,
+            CallOutcome.DENIED_BY_HOOK,
+            reason_code=deny.reason_code,
+        )
+        return None
+
+    async def execute(self, call: Call, tool: ToolDef, ctx: ToolContext, info: CallInfo) -> None:
+        """SPEC A7, I8, I9, I14: run the approved call to its terminal event."""
+        # SPEC A7: the approval was a wait; every gate again, on the state now, so a
+        # lapsed call ends in call.error and is never dispatched. (The same check runs
+        # right before every handler start, after any queue or thread wait, too.)
+        lapse = self.authority.check(call.session, tool.name) if call.approval else None
+        if lapse is not None:
+            self.end.lapsed(call, lapse)
+            return
+        if tool.mode is Mode.ASYNC:
+            self._dispatch(call, tool, ctx, info)
+            return
+        await self._execute_sync(call, tool, ctx, info)
+
+    def _dispatch(self, call: Call, tool: ToolDef, ctx: ToolContext, info: CallInfo) -> None:
+        """SPEC I9: answer ``dispatched`` at once; the job runner takes over."""
+        job_id = self.jobs.submit(call.session, tool, call.params, ctx, self._post(info))
+        call.job_id = job_id
+        message = tool.dispatch_message or f"Started {tool.name}."
+        self.end.finish(call, CallOutcome.DISPATCHED, m.Dispatched, job_id=job_id, message=message)
+
+    def rerun_plan(self, row: JobRow) -> tuple[ToolDef, ToolContext, PostProcess] | None:
+        """How to run a stored job after a restart (SPEC J5, J6): ``None`` when its tool
+        is no longer in the catalog with a server handler. Whether it may run again (a
+        job that had started runs again only when its tool is ``idempotent``; one that
+        never started always may) is the job runner's decision."""
+        tool = self.catalog.current.tools.get(row.tool)
+        if tool is None or tool.func is None or tool.mode is Mode.CLIENT:
+            return None
+        ctx = ToolContext(
+            session_id=row.session_id,
+            user=row.user,
+            profile=row.profile,
+            context=dict(row.context),
+            call_id=row.call_id or "",
+            tool=tool.name,
+            data_dir=self.data_dir,
+            tenant=row.tenant,
+        )
+        info = CallInfo(
+            row.session_id, row.user, row.profile, ctx.call_id, tool, row.params, ctx.context
+        )
+        return tool, ctx, self._post(info)
+
+    def _post(self, info: CallInfo) -> PostProcess:
+        async def post(result: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+            return await run_post(self.post_hooks, info, result)
+
+        return post
+
+    async def _execute_sync(
+        self, call: Call, tool: ToolDef, ctx: ToolContext, info: CallInfo
+    ) -> None:
+        """SPEC I8, I14: run with the run timeout; promote past the soft deadline."""
+        assert tool.func is not None
+        limit = self._run_timeout(tool)
+        if not tool.idempotent and not call.session.outbox.commit():
+            # SPEC I15, D6: the ledger's "running" row must be durable before a handler
+            # with side effects starts, or a crash could make a re-send run it again.
+            text = "the store cannot commit right now; the tool did not run"
+            self.end.error(call, ErrorCode.UNAVAILABLE, text, CallOutcome.UNAVAILABLE)
+            return
+        call.executing = True
+        try:
+            if tool.promote_after is None:
+                # Awaited in this task: a handler that answers at once costs no extra
+                # loop turn, so tool_start and result share one commit (SPEC D1).
+                value = await self._timed(tool.func, call.params, ctx, limit)
+            else:
+                work = asyncio.ensure_future(self._timed(tool.func, call.params, ctx, limit))
+                try:
+                    done, _ = await asyncio.wait({work}, timeout=tool.promote_after)
+                except asyncio.CancelledError:
+                    work.cancel()
+                    raise
+                if not done:
+                    self._promote(call, tool, ctx, info, work)
+                    return
+                value = work.result()
+        except TimeoutError:
+            text = f"{tool.name} did not finish within {limit} s"
+            self.end.error(call, ErrorCode.TIMEOUT, text, CallOutcome.TIMEOUT)
+            return
+        except Lapse as lapse:
+            self.end.lapsed(call, lapse)
+            return
+        except ToolFailure as failure:
+            # SPEC M2, M3: a typed failure keeps its code and its exact text.
+            self.end.error(call, failure.code, failure.message, failure.outcome)
+            return
+        except PASS_THROUGH:
+            raise
+        except BaseException as exc:  # SPEC I16: any other raise ends the call
+            logger.info("handler %s raised %s", tool.name, type(exc).__name__, exc_info=True)
+            self.end.error(call, ErrorCode.HANDLER_ERROR, describe(exc), CallOutcome.HANDLER_ERROR)
+            return
+        result, replaced = await run_post(self.post_hooks, info, as_object(value))
+        self.end.finish(call, CallOutcome.OK, m.Result, result=result, replaced=replaced)
+
+    def _run_timeout(self, tool: ToolDef) -> float | None:
+        if tool.long_running:
+            return None
+        limit = self.calls.default_timeout if tool.timeout is None else tool.timeout
+        return limit or None
+
+    async def _timed(
+        self, func: Any, params: dict[str, Any], ctx: ToolContext, limit: float | None
+    ) -> Any:
+        # SPEC E3: the limit counts from the handler's start; the wait for a worker
+        # thread is bounded by calls.thread_wait (then ``busy``, never started).
+        return await run_handler(func, params, ctx, self.pool, limit, wait=self.calls.thread_wait)
+
+    def _promote(
+        self, call: Call, tool: ToolDef, ctx: ToolContext, info: CallInfo, work: asyncio.Future[Any]
+    ) -> None:
+        """SPEC I14: the running call becomes a job; the client hears ``dispatched`` now."""
+        job_id = self.jobs.submit(
+            call.session, tool, call.params, ctx, self._post(info), adopt=work
+        )
+        call.job_id = job_id
+        if isinstance(ctx.progress, ProgressRelay):
+            ctx.progress.target = self.jobs.progress_sink(job_id)
+        message = (
+            tool.dispatch_message
+            or f"{tool.name} is taking a while; I'll report back when it's done."
+        )
+        self.end.finish(
+            call, CallOutcome.PROMOTED, m.Dispatched, job_id=job_id, message=message, promoted=True
+        )

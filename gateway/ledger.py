@@ -1,0 +1,212 @@
+"""The call ledger: a ``call_id`` is an idempotency key of its principal (SPEC I15).
+
+A session's own record of its calls (SPEC I12) dies with the session. The ledger keeps
+each call id of a principal (tenant + user) for ``calls.call_id_window`` seconds,
+durably in the store, whatever happens to the session that first used it: a resume
+that fails, an expired session, a restart. An ``invoke`` whose call id the principal
+used before, from any of its sessions, never runs the tool again:
+
+    running here     -> the session is *attached*: the call's one terminal event is
+                        delivered to it as well, under a seq of its own
+    finished         -> the recorded terminal event is delivered again
+    cut off          -> a call a restart cut off answers the restart's ``cancelled``
+                        (recovery records it at start)
+    another tool or
+    other parameters -> refused ``call_id_conflict``; the record stays as it was
+
+:class:`CallLedger` holds the calls running in this process (:class:`LiveCall`) and
+reads and stages :class:`~gateway.store.LedgerRow` s; the pipeline asks it before it
+admits an ``invoke`` and tells it each terminal event.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Final
+
+from gateway.session import Session
+from gateway.store import LedgerRow, Store
+from protocol import messages as m
+from protocol.codec import SERVER_ADAPTER, canonical_json, decode_json, encode
+from protocol.errors import ErrorCode
+
+logger = logging.getLogger("gateway.ledger")
+
+RESTARTED: Final = "the server restarted while this call ran"
+"""The message of the ``cancelled`` terminal of a call a restart cut off (SPEC I12, I15)."""
+
+Key = tuple[str, str, str]
+"""``(tenant or "", user, call_id)``."""
+
+
+class Verdict(Enum):
+    """What to do with an ``invoke`` (SPEC I12, I15)."""
+
+    NEW = "new"
+    """The principal never used this call id (or it left the window): run the call."""
+    ATTACHED = "attached"
+    """Running in another session: its terminal event will be delivered here too."""
+    RECORDED = "recorded"
+    """Finished: deliver :attr:`Check.outcome`."""
+    CONFLICT = "conflict"
+    """Used before for another tool or other parameters: refuse ``call_id_conflict``."""
+    DUPLICATE = "duplicate"
+    """This session already waits for this call, or the call runs in another process
+    sharing the store: refuse ``duplicate_call`` (SPEC I12)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """The ledger's answer about one ``invoke``; ``outcome`` is set for ``RECORDED``."""
+
+    verdict: Verdict
+    params_hash: str
+    outcome: bytes | None = None
+
+
+@dataclass(slots=True, eq=False)
+class LiveCall:
+    """A call running in this process, by principal key."""
+
+    tool: str
+    params_hash: str
+    created_at: float
+    waiters: dict[str, Session] = field(default_factory=dict)
+    """Other sessions of the principal that re-sent the call, by session id."""
+
+
+def params_hash(params: Mapping[str, Any]) -> str:
+    """SHA-256 hex of the parameters' canonical JSON (sorted keys): equal parameters,
+    in any key order, give the same hash (SPEC I15)."""
+    return hashlib.sha256(canonical_json(params)).hexdigest()
+
+
+def principal_key(session: Session, call_id: str) -> Key:
+    return (session.tenant or "", session.user, call_id)
+
+
+class CallLedger:
+    """Call ids of every principal, across sessions and restarts (SPEC I15).
+
+    Args:
+        store: where :class:`~gateway.store.LedgerRow` s live.
+        window: seconds a call id stays a key after its call was first admitted.
+        clock: Unix time in seconds.
+    """
+
+    def __init__(self, store: Store, window: float, clock: Callable[[], float]) -> None:
+        self._store = store
+        self.window = window
+        self._clock = clock
+        self._live: dict[Key, LiveCall] = {}
+
+    def check(self, session: Session, call_id: str, tool: str, params: dict[str, Any]) -> Check:
+        """Decide what an ``invoke`` from ``session`` is (see :class:`Verdict`).
+
+        An ``ATTACHED`` answer has already registered ``session`` as a waiter. Call only
+        for a call id the session itself is not running and has no record of (those
+        are SPEC I12's: ``duplicate_call`` and the session's recorded event).
+        """
+        digest = params_hash(params)
+        key = principal_key(session, call_id)
+        live = self._live.get(key)
+        if live is not None:
+            if (live.tool, live.params_hash) != (tool, digest):
+                return Check(Verdict.CONFLICT, digest)
+            if session.id in live.waiters:
+                return Check(Verdict.DUPLICATE, digest)
+            live.waiters[session.id] = session
+            return Check(Verdict.ATTACHED, digest)
+        row = self._store.ledger(*key)
+        if row is None or row.created_at < self._clock() - self.window:
+            return Check(Verdict.NEW, digest)
+        if (row.tool, row.params_hash) != (tool, digest):
+            return Check(Verdict.CONFLICT, digest)
+        if row.state != "done" or row.outcome is None:
+            # Running, but not in this process: recovery settled every call this
+            # process's store had running at start, so another writer of the store runs
+            # it. Refused as still running; it must not run here too.
+            return Check(Verdict.DUPLICATE, digest)
+        return Check(Verdict.RECORDED, digest, row.outcome)
+
+    def conflicts(self, session: Session, call_id: str, tool: str, params: dict[str, Any]) -> bool:
+        """Whether the principal's record of ``call_id`` names another tool or other
+        parameters (asked for a re-send the session itself has a record of)."""
+        row = self._store.ledger(*principal_key(session, call_id))
+        return row is not None and (row.tool, row.params_hash) != (tool, params_hash(params))
+
+    def open(self, session: Session, call_id: str, tool: str, digest: str) -> None:
+        """Record a call admitted to run: ``running`` in the store (committed with the
+        next flush, before its handler starts, SPEC I15) and live here."""
+        now = self._clock()
+        key = principal_key(session, call_id)
+        self._live[key] = LiveCall(tool, digest, now)
+        self._store.stage_ledger(LedgerRow(*key, tool, digest, "running", None, now))
+
+    def finish(self, session: Session, call_id: str, body: bytes) -> list[Session]:
+        """Record the call's terminal event; returns the sessions to deliver it to
+        (those that attached, still open)."""
+        key = principal_key(session, call_id)
+        live = self._live.pop(key, None)
+        if live is None:
+            return []
+        row = LedgerRow(*key, live.tool, live.params_hash, "done", body, live.created_at)
+        self._store.stage_ledger(row)
+        return [s for s in live.waiters.values() if not s.ended]
+
+    def forget(self, session: Session) -> None:
+        """``session`` ended: it waits for nothing any more."""
+        for live in self._live.values():
+            live.waiters.pop(session.id, None)
+
+    def recover(self) -> int:
+        """At start: every call still ``running`` in the store was cut off by a crash or
+        restart; it ends ``cancelled`` (SPEC I12, I15) and never runs again. Returns how
+        many there were."""
+        rows = self._store.running_ledger()
+        for row in rows:
+            self._interrupt(row)
+        if rows:
+            logger.info("%d call ids cut off by the restart recorded as cancelled", len(rows))
+        return len(rows)
+
+    def purge(self) -> None:
+        """Delete the rows that left the window (run by the server's purge loop)."""
+        self._store.purge_ledger(self._clock() - self.window)
+
+    def _interrupt(self, row: LedgerRow) -> LedgerRow:
+        # The seq is a placeholder: a recorded event reaches a session under its own.
+        event = m.CallError(
+            seq=1,
+            call_id=row.call_id,
+            tool=row.tool,
+            code=ErrorCode.CANCELLED,
+            message=RESTARTED,
+        )
+        done = LedgerRow(
+            row.tenant,
+            row.user,
+            row.call_id,
+            row.tool,
+            row.params_hash,
+            "done",
+            encode(event),
+            row.created_at,
+        )
+        self._store.stage_ledger(done)
+        return done
+
+
+def deliver(session: Session, call_id: str, outcome: bytes) -> None:
+    """Give ``session`` a terminal event recorded in another session (SPEC I15): it is
+    emitted anew under the session's next seq, logged and recorded for the session's
+    own re-sends (SPEC I12)."""
+    message = SERVER_ADAPTER.validate_python(decode_json(outcome))
+    fields = message.model_dump(exclude={"seq", "type"}, exclude_none=True)
+    session.done_calls[call_id] = None
+    body = session.emit(type(message), **fields)
+    session.call_done(call_id, body)

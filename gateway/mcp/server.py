@@ -1,0 +1,449 @@
+"""One mounted MCP server: connect, list, call, watch, reconnect (SPEC M1, M2, M3).
+
+A :class:`MountedServer` owns one task, :meth:`MountedServer.run`, that holds the
+official SDK's :class:`mcp.Client` open (stdio subprocess or Streamable HTTP) and keeps
+it that way:
+
+- connect and ``tools/list`` within ``connect_timeout``; on success the tools are
+  published to the catalog (pushed to sessions, SPEC C3);
+- ``notifications/tools/list_changed`` lists again and republishes (SPEC M2);
+- every ``health_interval`` a ``tools/list`` probes the server; a stdio server whose
+  output ends is noticed at once (the transport's read stream is watched);
+- when the connection is lost the tools stay in the catalog but answer a typed
+  ``unavailable`` (SPEC M2) while the task reconnects (or restarts the subprocess)
+  with exponential backoff from ``backoff_initial`` to ``backoff_max`` seconds.
+
+Calls (:meth:`MountedServer.call`) run on the caller's task: cancelling it (``call.cancel``,
+``job.cancel``, a timeout) makes the SDK send ``notifications/cancelled`` (SPEC M3).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import inspect
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import replace
+from typing import Any
+
+import anyio
+import mcp_types as types
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp.shared.exceptions import MCPError
+from mcp.shared.message import SessionMessage
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import ValidationError
+
+from catalog.handlers import resolve_handler
+from catalog.mcp_mounts import MountSpec, UnsetVariable, expand_env, tool_definition
+from catalog.model import ToolDef
+from catalog.tooldefs import parse_tool
+from gateway.context import ToolContext
+from gateway.failures import ToolFailure
+from gateway.mcp.errlog import logged_stdio
+from gateway.mcp.mapping import error_text, to_result
+from protocol.errors import ErrorCode
+
+logger = logging.getLogger("gateway.mcp")
+
+Handler = Callable[[dict[str, Any], ToolContext], Any]
+Elicit = Callable[
+    [ToolContext, str, dict[str, Any]], Awaitable["tuple[Any, dict[str, Any] | None]"]
+]
+"""``elicit(ctx, message, schema) -> (action, content)``: asks the call's user (SPEC M3)."""
+
+_CALL: contextvars.ContextVar[ToolContext | None] = contextvars.ContextVar("mcp_call", default=None)
+"""The toolbus call a ``tools/call`` runs for, seen by callbacks run in the caller's task
+(2026-07-28 servers ask for input inside the call's own round trips)."""
+
+
+class _Lost(Exception):
+    """The connection to the server is gone; the supervisor reconnects."""
+
+
+@contextlib.asynccontextmanager
+async def _watched(inner: Any, lost: asyncio.Event) -> AsyncIterator[Any]:
+    """The SDK transport ``inner``, with ``lost`` set when its read stream ends: a stdio
+    server that exits is noticed at once, not at the next call (SPEC M2)."""
+    async with inner as (read, write):
+        send, receive = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+
+        async def pump() -> None:
+            try:
+                async with send:
+                    async for item in read:
+                        await send.send(item)
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                pass
+            finally:
+                lost.set()
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(pump)
+            try:
+                yield receive, write
+            finally:
+                group.cancel_scope.cancel()
+
+
+@contextlib.asynccontextmanager
+async def _http(url: str, headers: dict[str, str]) -> AsyncIterator[Any]:
+    """Streamable HTTP with our headers; the HTTP client is closed with the transport
+    (the SDK leaves a client it was given open)."""
+    async with (
+        create_mcp_http_client(headers=headers) as http,
+        streamable_http_client(url, http_client=http) as streams,
+    ):
+        yield streams
+
+
+class MountedServer:
+    """The live side of one :class:`~catalog.mcp_mounts.MountSpec` (SPEC M1, M2).
+
+    Args:
+        spec: the server's configuration.
+        publish: called with this server whenever :attr:`tools` or the connection state
+            changed; the caller republishes the catalog.
+    """
+
+    def __init__(
+        self,
+        spec: MountSpec,
+        publish: Callable[[MountedServer], None],
+        elicit: Elicit | None = None,
+    ) -> None:
+        self.spec = spec
+        self._publish = publish
+        self._elicit = elicit
+        self._inflight: list[ToolContext] = []
+        self.client: Client | None = None
+        self.tools: dict[str, ToolDef] = {}
+        """toolbus name -> tool, as last listed; kept while the server is down."""
+        self.problems: list[str] = []
+        """Why listed tools were left out (bad names, bad schemas), for ``toolbus check``."""
+        self.last_error: str | None = None
+        self.connected = asyncio.Event()
+        self.attempts = 0
+        self._lost = asyncio.Event()
+        self._relist = asyncio.Event()
+        self._scope: anyio.CancelScope | None = None
+        self._stopped = False
+
+    # -- connecting ----------------------------------------------------------------------
+
+    def _transport(self) -> Any:
+        spec = self.spec
+        if spec.command is not None:
+            params = StdioServerParameters(
+                command=spec.command,
+                args=list(spec.args),
+                env={k: expand_env(v) for k, v in spec.env.items()} or None,
+                cwd=spec.cwd,
+            )
+            return _watched(logged_stdio(params, spec.name), self._lost)
+        assert spec.url is not None
+        headers = {k: expand_env(v) for k, v in spec.headers.items()}
+        return _watched(_http(spec.url, headers), self._lost)
+
+    def _client(self) -> Client:
+        return Client(
+            self._transport(),
+            message_handler=self._on_message,
+            sampling_callback=self._sampling,
+            elicitation_callback=self._elicitation if self._elicit is not None else None,
+            client_info=types.Implementation(name="toolbus", version="1"),
+            cache=None,
+        )
+
+    async def run(self) -> None:
+        """Connect, serve, and reconnect with backoff until :meth:`stop` (SPEC M2).
+
+        Stop it with :meth:`stop`, not ``Task.cancel()``: the SDK's stdio clean-up is
+        shielded against anyio cancellation only, and a native cancel can leave the
+        server's subprocess running.
+        """
+        with anyio.CancelScope() as self._scope:
+            if not self._stopped:
+                await self._supervise()
+
+    def stop(self) -> None:
+        """End :meth:`run`: the connection is closed and a subprocess stopped."""
+        self._stopped = True
+        if self._scope is not None:
+            self._scope.cancel()
+
+    async def _supervise(self) -> None:
+        delay = self.spec.backoff_initial
+        while True:
+            self._lost.clear()
+            try:
+                await self._session()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # any failure of a peer we do not control: retry
+                self.last_error = describe(exc)
+            finally:
+                was_up = self.client is not None
+                self.client = None
+                self.connected.clear()
+            self.attempts += 1
+            if was_up:
+                delay = self.spec.backoff_initial  # it worked until now: retry soon
+            logger.warning(
+                "mcp %s: %s; reconnecting in %.1f s",
+                self.spec.name,
+                self.last_error or "connection lost",
+                delay,
+            )
+            if was_up:
+                self._publish(self)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self.spec.backoff_max)
+
+    async def _session(self) -> None:
+        """One connection, from connect to loss. The connect timeout is an anyio cancel
+        scope around the whole ``async with``: the SDK's task groups and its subprocess
+        clean-up only unwind correctly under their own kind of cancellation."""
+        with anyio.CancelScope() as scope:
+            timer = asyncio.get_running_loop().call_later(self.spec.connect_timeout, scope.cancel)
+            try:
+                async with self._client() as client:
+                    await self._load(client)
+                    timer.cancel()
+                    self.client, self.last_error = client, None
+                    self.connected.set()
+                    logger.info("mcp %s: connected, %d tools", self.spec.name, len(self.tools))
+                    self._publish(self)
+                    await self._watch(client)
+            finally:
+                timer.cancel()
+        if scope.cancelled_caught:
+            raise TimeoutError
+
+    async def probe(self) -> None:
+        """Connect once, list the tools into :attr:`tools` and :attr:`problems`, and
+        disconnect (``toolbus check``, SPEC M1).
+
+        Raises:
+            TimeoutError: no answer within ``connect_timeout``.
+            Exception: whatever connecting raised (see :func:`describe`).
+        """
+        with anyio.fail_after(self.spec.connect_timeout):
+            async with self._client() as client:
+                await self._load(client)
+
+    async def _watch(self, client: Client) -> None:
+        """Until the connection is lost: relist on ``list_changed``, probe when idle."""
+        listener = None
+        if client.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            listener = asyncio.ensure_future(self._listen(client))
+        try:
+            await self._watch_loop(client)
+        finally:
+            if listener is not None:
+                listener.cancel()
+                await asyncio.gather(listener, return_exceptions=True)
+
+    async def _listen(self, client: Client) -> None:
+        """2026-07-28 servers send ``list_changed`` only on a ``subscriptions/listen``
+        stream (older ones as a plain notification, see :meth:`_on_message`)."""
+        try:
+            async with client.listen(tools_list_changed=True) as subscription:
+                async for _event in subscription:
+                    self._relist.set()
+        except Exception as exc:  # the probe notices a dead server; this only logs
+            logger.info("mcp %s: change stream ended: %s", self.spec.name, describe(exc))
+
+    async def _watch_loop(self, client: Client) -> None:
+        while not self._lost.is_set():
+            lost = asyncio.ensure_future(self._lost.wait())
+            relist = asyncio.ensure_future(self._relist.wait())
+            try:
+                await asyncio.wait(
+                    {lost, relist},
+                    timeout=self.spec.health_interval,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+            finally:
+                lost.cancel()
+                relist.cancel()
+            if self._lost.is_set():
+                break
+            self._relist.clear()
+            before = self.tools
+            with anyio.fail_after(self.spec.connect_timeout):
+                await self._load(client)  # a failed probe raises: reconnect
+            if self.tools.keys() != before.keys() or any(
+                _shape(self.tools[n]) != _shape(before[n]) for n in self.tools
+            ):
+                logger.info("mcp %s: tools changed, %d now", self.spec.name, len(self.tools))
+                self._publish(self)
+        self.last_error = self.last_error or "the server closed the connection"
+
+    async def _on_message(self, message: Any) -> None:
+        if isinstance(message, types.ToolListChangedNotification):
+            self._relist.set()  # listed by _watch: never call the server from here
+
+    async def _sampling(
+        self, context: Any, params: types.CreateMessageRequestParams
+    ) -> types.CreateMessageResult | types.ErrorData:
+        """SPEC M3: refused plainly, unless the server's ``sampling`` handler answers."""
+        if self.spec.sampling is None:
+            return types.ErrorData(
+                code=types.INVALID_REQUEST,
+                message=(
+                    f"sampling is not available: toolbus does not offer an LLM to mounted "
+                    f"MCP server {self.spec.name!r}"
+                ),
+            )
+        try:
+            sampler = resolve_handler(self.spec.sampling)
+            value = sampler(params.model_dump(mode="json", by_alias=True, exclude_none=True))
+            if inspect.isawaitable(value):
+                value = await value
+            return types.CreateMessageResult.model_validate(value)
+        except Exception as exc:  # the deployment's handler: any failure is an answer
+            logger.warning("mcp %s: sampling handler failed: %s", self.spec.name, describe(exc))
+            return types.ErrorData(
+                code=types.INTERNAL_ERROR, message=f"sampling failed: {describe(exc)}"
+            )
+
+    async def _elicitation(
+        self, context: Any, params: types.ElicitRequestParams
+    ) -> types.ElicitResult:
+        """SPEC M3: the question goes to the user of the call it belongs to. That call is
+        the caller's task's (2026-07-28), else the one call in flight (2025-era servers
+        ask on their own stream); with several in flight, or a URL-mode question, the
+        answer is ``decline``, since toolbus cannot tell whom to ask."""
+        ctx = _CALL.get() or (self._inflight[0] if len(self._inflight) == 1 else None)
+        if self._elicit is None or ctx is None or isinstance(params, types.ElicitRequestURLParams):
+            return types.ElicitResult(action="decline")
+        schema = params.requested_schema
+        if not isinstance(schema, dict):
+            schema = schema.model_dump(mode="json", by_alias=True, exclude_none=True)
+        action, content = await self._elicit(ctx, params.message, schema)
+        return types.ElicitResult(action=action.value, content=content)
+
+    # -- tools ---------------------------------------------------------------------------
+
+    async def _load(self, client: Client) -> None:
+        entries: list[dict[str, Any]] = []
+        cursor: str | None = None
+        for _ in range(100):  # a server whose pages never end cannot hang us
+            page = await client.list_tools(cursor=cursor, cache_mode="refresh")
+            entries.extend(
+                t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in page.tools
+            )
+            cursor = page.next_cursor
+            if cursor is None:
+                break
+        self.tools, self.problems = self.build(entries)
+
+    def build(self, entries: list[dict[str, Any]]) -> tuple[dict[str, ToolDef], list[str]]:
+        """toolbus tools from ``tools/list`` entries (SPEC M1): filtered by include and
+        exclude, defaults from annotations, overrides applied, each checked like a file
+        tool (SPEC C1); a tool that fails is left out and its problems returned."""
+        tools: dict[str, ToolDef] = {}
+        problems: list[str] = []
+        source = f"mcp:{self.spec.name}"
+        for index, entry in enumerate(entries):
+            mcp_name = str(entry.get("name"))
+            if not self.spec.wanted(mcp_name):
+                continue
+            parsed = parse_tool(
+                tool_definition(self.spec, entry), source, index, resolve_handlers=False
+            )
+            if parsed.tool is None:
+                problems.extend(f"{mcp_name}: {p}" for p in parsed.problems)
+                continue
+            tools[parsed.tool.name] = replace(parsed.tool, func=self._handler(mcp_name))
+        return tools, problems
+
+    def _handler(self, mcp_name: str) -> Handler:
+        async def call_mcp_tool(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+            return await self.call(mcp_name, params, ctx)
+
+        return call_mcp_tool
+
+    async def call(self, mcp_name: str, params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+        """Call the MCP tool ``mcp_name`` (SPEC M3); ``params`` are already validated (I4).
+
+        Returns:
+            The result object of :func:`gateway.mcp.mapping.to_result`.
+
+        Raises:
+            ToolFailure: ``unavailable`` when the server is not connected or the
+                connection is lost during the call (SPEC M2); ``handler_error`` with
+                the server's text for ``isError``, with the MCP error for a JSON-RPC
+                error, or naming a malformed result (SPEC M3).
+        """
+        client = self.client
+        if client is None or self._lost.is_set():
+            raise ToolFailure(ErrorCode.UNAVAILABLE, self._down_text())
+
+        async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+            # SPEC M3, J2: MCP progress (value, optional total) -> fraction and message.
+            fraction = progress / total if total else None
+            text = f"{progress:g}/{total:g}" if total else f"{progress:g}"
+            ctx.progress(fraction, message or text)
+
+        token = _CALL.set(ctx)
+        self._inflight.append(ctx)
+        try:
+            result = await client.call_tool(mcp_name, params, progress_callback=on_progress)
+        except MCPError as exc:
+            if exc.code == types.CONNECTION_CLOSED:
+                self.last_error = "the connection was lost during a call"
+                self._lost.set()
+                raise ToolFailure(
+                    ErrorCode.UNAVAILABLE,
+                    f"MCP server {self.spec.name!r} went away during the call",
+                ) from None
+            raise ToolFailure(ErrorCode.HANDLER_ERROR, f"MCP error {exc.code}: {exc}") from None
+        except ValidationError as exc:
+            raise ToolFailure(
+                ErrorCode.HANDLER_ERROR,
+                f"MCP server {self.spec.name!r} sent a malformed result: "
+                f"{exc.error_count()} problem(s), first: {exc.errors()[0]['msg']}",
+            ) from None
+        finally:
+            _CALL.reset(token)
+            self._inflight.remove(ctx)
+        if result.is_error:
+            raise ToolFailure(ErrorCode.HANDLER_ERROR, error_text(result))
+        return to_result(result, ctx.tool)
+
+    def _down_text(self) -> str:
+        why = f" ({self.last_error})" if self.last_error else ""
+        return f"MCP server {self.spec.name!r} is not connected{why}; it is being reconnected"
+
+    def status(self) -> Mapping[str, Any]:
+        """For ``toolbus check`` and logs: state, tools, problems, last error."""
+        return {
+            "connected": self.client is not None,
+            "tools": sorted(self.tools),
+            "problems": list(self.problems),
+            "error": self.last_error,
+        }
+
+
+def _shape(tool: ToolDef) -> tuple[Any, ...]:
+    return (tool.description, repr(tool.parameters), tool.dangerous, tool.requires_approval)
+
+
+def describe(exc: BaseException) -> str:
+    """One line about a connect failure; exception groups are unwrapped. Never holds
+    header or environment values: only the exception's own text."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    if isinstance(exc, TimeoutError):
+        return "no answer within connect_timeout"
+    if isinstance(exc, UnsetVariable):
+        return str(exc)  # names the variable only, never a value (SPEC M1)
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

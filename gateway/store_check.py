@@ -1,0 +1,120 @@
+"""The store file's check at open (SPEC D6, O5; case F32).
+
+:func:`open_checked` opens the SQLite file of :class:`gateway.store.SqliteStore` and
+refuses a damaged one with :class:`StoreDamaged`, one line naming the file, the damage
+and how to start fresh on purpose: a 0-byte file (truncated; SQLite would take it for a
+new, empty store), ``PRAGMA quick_check`` failing, a ``user_version`` newer than
+:data:`SCHEMA_VERSION`, a table of version 1 missing, or a table's columns differing
+from the schema's. A store without a version (written before versions) is adopted; an
+older one first gets the additive :data:`MIGRATIONS` it lacks (2: ``credential_ref``).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+SCHEMA_VERSION = 2
+"""``PRAGMA user_version`` of a store this code writes; a file with a newer one is refused."""
+
+MIGRATIONS: tuple[tuple[int, str, str, str], ...] = (
+    # SPEC S6, A7: the session's credential reference (never the credential), so that a
+    # session a restart brought back is re-validated before anything of it runs.
+    (2, "sessions", "credential_ref", "ALTER TABLE sessions ADD COLUMN credential_ref TEXT"),
+)
+"""Additive changes since version 1, ``(version, table, column, sql)`` in order; a file
+older than ``version`` whose ``table`` lacks ``column`` gets ``sql`` at open. Released
+entries are never edited; a change is a new entry at the end."""
+
+
+class StoreError(Exception):
+    """Root of the store's typed faults (SPEC D6)."""
+
+
+class StoreDamaged(StoreError):
+    """The store file failed its check at open (SPEC D6, O5, case F32). The message is one
+    line naming the file, the damage and how to start fresh on purpose."""
+
+
+_CORE_TABLES = ("sessions", "events", "calls", "jobs")
+"""Tables every store since schema version 1 has; one missing means damage."""
+
+
+def _damaged(path: str, damage: str) -> StoreDamaged:
+    return StoreDamaged(
+        f"{path}: the store is damaged ({damage}); refusing to start rather than drop its "
+        f"sessions and jobs silently. To start fresh on purpose, move {path} and its "
+        f"-wal and -shm files away (their sessions, jobs and event logs are then gone)."
+    )
+
+
+def open_checked(path: str, schema: str) -> sqlite3.Connection:
+    """Open the store, check it (SPEC D6, O5, case F32) and bring its schema up to date.
+
+    Raises:
+        StoreDamaged: the file is empty, fails ``PRAGMA quick_check``, has a newer schema
+            version, or misses a table or a column.
+        StoreError: the file cannot be opened for another reason (permissions, locked).
+    """
+    existed = path != ":memory:" and Path(path).exists()
+    if existed and Path(path).stat().st_size == 0:
+        raise _damaged(path, "the file is empty (0 bytes): it was truncated")
+    # Start-up may wait on a lock (nothing is served yet); the loop's connection never.
+    db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=5.0)
+    try:
+        if existed:
+            _check_file(db, path, schema)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=NORMAL")
+        db.executescript(schema)
+        db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        db.execute("PRAGMA busy_timeout=0")
+    except sqlite3.DatabaseError as exc:
+        db.close()
+        raise _damaged(path, str(exc)) from exc
+    except sqlite3.Error as exc:
+        db.close()
+        raise StoreError(f"{path}: cannot open the store: {exc}") from exc
+    except StoreError:
+        db.close()
+        raise
+    return db
+
+
+def _check_file(db: sqlite3.Connection, path: str, schema: str) -> None:
+    """Integrity, schema version and columns of an existing store file."""
+    problems = [row[0] for row in db.execute("PRAGMA quick_check(3)")]
+    if problems != ["ok"]:
+        raise _damaged(path, "integrity check: " + "; ".join(problems))
+    (version,) = db.execute("PRAGMA user_version").fetchone()
+    if version > SCHEMA_VERSION:
+        raise _damaged(
+            path, f"schema version {version} is newer than this toolbus's {SCHEMA_VERSION}"
+        )
+    tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    if not tables and version == 0:
+        return  # a store created but never written
+    missing = [name for name in _CORE_TABLES if name not in tables]
+    if missing:
+        raise _damaged(path, f"table(s) {', '.join(missing)} missing from the schema")
+    _migrate(db, version)
+    reference = sqlite3.connect(":memory:")
+    try:
+        reference.executescript(schema)
+        for (name,) in reference.execute("SELECT name FROM sqlite_master WHERE type='table'"):
+            if name not in tables:
+                continue  # added since this file was written; created below
+            want = [row[1] for row in reference.execute(f"PRAGMA table_info({name})")]
+            have = [row[1] for row in db.execute(f"PRAGMA table_info({name})")]
+            if have != want:
+                raise _damaged(path, f"table {name} has columns {have}, expected {want}")
+    finally:
+        reference.close()
+
+
+def _migrate(db: sqlite3.Connection, version: int) -> None:
+    """Apply the additive :data:`MIGRATIONS` a file of schema ``version`` lacks (SPEC D6)."""
+    for since, table, column, sql in MIGRATIONS:
+        have = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
+        if version < since and column not in have:
+            db.execute(sql)

@@ -1,0 +1,402 @@
+"""Every method of the Store interface, on both stores: SQLite and PostgreSQL (SPEC N1,
+D1-D3, D6, I12, I15, J1-J3), plus what only the PostgreSQL store has: versioned
+migrations, a lost connection, text PostgreSQL cannot hold (SPEC N1, N7, D6)."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from gateway.pg_link import redact
+from gateway.pg_schema import MIGRATIONS, SCHEMA_VERSION, SchemaTooNew, migrate
+from gateway.store import (
+    BadValue,
+    JobRow,
+    LedgerRow,
+    SessionRow,
+    SqliteStore,
+    Store,
+    StoreError,
+    StoreUnavailable,
+)
+from gateway.store_check import SCHEMA_VERSION as SQLITE_SCHEMA_VERSION
+from gateway.store_pg import PgStore
+from tests.pg_support import BACKENDS, fresh_schema, pg_url  # noqa: F401 (fixture)
+
+Opener = Callable[[], Store]
+
+
+@pytest.fixture(params=BACKENDS)
+def opener(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Opener]:
+    """Opens a store on one place, again and again (a restart), of each backend."""
+    if request.param == "sqlite":
+        yield lambda: SqliteStore(tmp_path / "db.sqlite")
+        return
+    with fresh_schema() as url:
+        yield lambda: PgStore(url)
+
+
+def session(sid: str, user: str = "alice", expires_at: float | None = None) -> SessionRow:
+    return SessionRow(
+        sid, "h", user, None, "demo", {"k": "v"}, {"o": 1}, ["g"], 0, 0, 0, 1.5, expires_at, "v1"
+    )
+
+
+def job(job_id: str, created: float, state: str = "running", tenant: str | None = None) -> JobRow:
+    finished = created + 1 if state in ("done", "failed") else None
+    return JobRow(
+        job_id, "report", state, "s1", "alice", tenant, "demo", "c1", {"p": [1, 2]}, {},
+        created, created, finished, None, [{"name": "a"}], {"r": 1} if finished else None, None,
+    )  # fmt: skip
+
+
+def test_events_and_sessions_survive_a_reopen(opener: Opener) -> None:
+    """SPEC D1, D3, N1: committed events read back in order, limited, complete or not;
+    last_seq is the log's; the floor drops events; all of it survives a reopen."""
+    store = opener()
+    store.stage_session(session("s1"))
+    for seq in range(1, 6):
+        store.stage_event("s1", seq, b'{"seq":%d}' % seq)
+    assert store.events_after("s1", 0) == []  # staged is not committed
+    store.commit()
+    store.close()
+    store = opener()
+    row = store.load_session("s1")
+    assert row == SessionRow(
+        "s1", "h", "alice", None, "demo", {"k": "v"}, {"o": 1}, ["g"], 5, 0, 0, 1.5, None, "v1"
+    )
+    assert store.events_after("s1", 2, limit=2) == [(3, b'{"seq":3}'), (4, b'{"seq":4}')]
+    assert store.events_complete("s1", 0, 5) is True
+    assert store.events_complete("s1", 0, 6) is False
+    assert store.events_complete("s1", 4, 4) is True
+    store.stage_seq("s1", 5, 3, 3)
+    store.commit()
+    assert [seq for seq, _ in store.events_after("s1", 0)] == [4, 5]
+    assert store.events_complete("s1", 2, 5) is False
+    loaded = store.load_session("s1")
+    assert loaded is not None
+    assert (loaded.last_seq, loaded.acked_seq, loaded.floor_seq) == (5, 3, 3)
+    assert [r.session_id for r in store.all_sessions()] == ["s1"]
+    assert store.load_session("nope") is None
+    store.close()
+
+
+def test_calls_keep_their_order_and_state(opener: Opener) -> None:
+    """SPEC I12: call records by state; done ids in the order calls ended (a rewrite moves
+    to the end); forgotten ones gone; running ones listed for recovery; any call id text."""
+    store = opener()
+    odd = "c\x00\u00e9"
+    store.stage_call("s1", "a", "running", b'{"tool":"t"}')
+    store.stage_call("s1", odd, "done", b'{"x":1}')
+    store.stage_call("s1", "b", "done", b'{"x":2}')
+    store.commit()
+    store.stage_call("s1", "a", "done", b'{"x":3}')
+    store.stage_call("s2", "z", "running", None)
+    store.commit()
+    assert store.done_call_ids("s1") == [odd, "b", "a"]
+    assert store.call("s1", odd) == ("done", b'{"x":1}')
+    assert store.call("s1", "missing") is None
+    assert store.running_calls() == [("s2", "z", None)]
+    store.stage_forget_call("s1", "b")
+    store.commit()
+    assert store.call("s1", "b") is None
+    assert store.done_call_ids("s1") == [odd, "a"]
+    store.close()
+
+
+def test_jobs_by_user_tenant_and_state(opener: Opener) -> None:
+    """SPEC J1-J3: a job reads back whole; a user's jobs newest first, by tenant and state,
+    limited; unfinished jobs listed for recovery."""
+    store = opener()
+    store.stage_job(job("j1", 10.0, "done"))
+    store.stage_job(job("j2", 20.0))
+    store.stage_job(job("j3", 30.0, "queued"))
+    store.stage_job(job("t2", 40.0, tenant="t2"))
+    store.commit()
+    assert store.job("j1") == job("j1", 10.0, "done")
+    assert store.job("nope") is None
+    assert [j.job_id for j in store.jobs("alice", None, None, 10)] == ["j3", "j2", "j1"]
+    assert [j.job_id for j in store.jobs("alice", None, None, 2)] == ["j3", "j2"]
+    assert [j.job_id for j in store.jobs("alice", None, "done", 10)] == ["j1"]
+    assert [j.job_id for j in store.jobs("alice", "t2", None, 10)] == ["t2"]
+    assert store.jobs("bob", None, None, 10) == []
+    assert sorted(j.job_id for j in store.unfinished_jobs()) == ["j2", "j3", "t2"]
+    store.close()
+
+
+def test_ledger_staged_committed_running_purged(opener: Opener) -> None:
+    """SPEC I15: a ledger row is visible once staged, durable once committed, listed while
+    running, rewritten done, and purged by age."""
+    store = opener()
+    row = LedgerRow("", "alice", "c\x001", "report", "ab", "running", None, 100.0)
+    store.stage_ledger(row)
+    assert store.ledger("", "alice", "c\x001") == row
+    store.commit()
+    store.close()
+    store = opener()
+    assert store.ledger("", "alice", "c\x001") == row
+    assert store.running_ledger() == [row]
+    done = LedgerRow("", "alice", "c\x001", "report", "ab", "done", b'{"type":"result"}', 100.0)
+    store.stage_ledger(done)
+    store.stage_ledger(LedgerRow("t", "alice", "new", "x", "cd", "done", b"{}", 200.0))
+    store.commit()
+    assert store.running_ledger() == []
+    assert store.ledger("", "alice", "c\x001") == done
+    assert store.ledger("t", "bob", "new") is None
+    store.purge_ledger(150.0)
+    assert store.ledger("", "alice", "c\x001") is None
+    assert store.ledger("t", "alice", "new") is not None
+    store.close()
+
+
+def test_delete_and_purge_run_last_in_the_commit(opener: Opener) -> None:
+    """SPEC D2: a session's deletion is staged and takes its events and calls; the purge
+    drops expired sessions and finished jobs past retention, never live ones."""
+    store = opener()
+    for row in (session("gone"), session("expired", expires_at=5.0), session("live")):
+        store.stage_session(row)
+        store.stage_event(row.session_id, 1, b"{}")
+        store.stage_call(row.session_id, "c", "done", b"{}")
+    store.stage_job(job("old", 1.0, "done"))
+    store.stage_job(job("young", 90.0, "done"))
+    store.commit()
+    store.delete_session("gone")
+    assert store.load_session("gone") is not None  # staged, not yet committed
+    store.commit()
+    assert store.load_session("gone") is None
+    assert store.events_after("gone", 0) == []
+    assert store.call("gone", "c") is None
+    store.purge(now=10.0, job_retention=5.0)
+    assert [r.session_id for r in store.all_sessions()] == ["live"]
+    assert store.events_after("expired", 0) == []
+    assert (store.job("old"), store.job("young") is not None) == (None, True)
+    store.close()
+
+
+def terminate(store: PgStore) -> None:
+    """End the store's connection from the server side, as a database restart does."""
+    db = store.link._db
+    assert db is not None
+    with psycopg.connect(store.url, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (db.info.backend_pid,))
+
+
+def test_pg_lost_connection_fails_closed_and_recovers(pg_url: str) -> None:  # noqa: F811
+    """SPEC N7, D6: the server ends the store's connection: the commit fails at once with
+    everything kept staged; a thread connects again; the next commit writes it all."""
+    store = PgStore(pg_url)
+    store.stage_session(session("s1"))
+    store.stage_event("s1", 1, b"{}")
+    store.commit()
+    terminate(store)
+    store.stage_event("s1", 2, b'{"n":2}')
+    started = time.monotonic()
+    with pytest.raises(StoreUnavailable):
+        store.commit()
+    assert time.monotonic() - started < 1.0
+    deadline = time.monotonic() + 10
+    while True:  # polls the outcome; nothing is ordered by this wait
+        try:
+            store.commit()
+            break
+        except StoreUnavailable:
+            assert time.monotonic() < deadline, "the store never connected again"
+            time.sleep(0.01)
+    assert store.events_after("s1", 0) == [(1, b"{}"), (2, b'{"n":2}')]
+    store.close()
+
+
+def test_pg_text_it_cannot_hold_is_refused_at_staging(pg_url: str) -> None:  # noqa: F811
+    """SPEC D6: text with U+0000 is BadValue to its one caller, nothing of it staged; the
+    rest of the batch commits."""
+    store = PgStore(pg_url)
+    store.stage_event("s1", 1, b"{}")
+    with pytest.raises(BadValue, match="U\\+0000"):
+        store.stage_session(session("s1", user="a\x00b"))
+    store.commit()
+    assert store.load_session("s1") is None
+    assert store.events_after("s1", 0) == [(1, b"{}")]
+    store.close()
+
+
+def test_pg_migrates_once_even_when_nodes_start_together(pg_url: str) -> None:  # noqa: F811
+    """SPEC N1: processes migrating one new database at once apply each version once."""
+    errors: list[BaseException] = []
+
+    def open_close() -> None:
+        try:
+            with psycopg.connect(pg_url, autocommit=True) as db:
+                migrate(db, "test")
+        except BaseException as exc:  # reported by the assert below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=open_close) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert errors == []
+    with psycopg.connect(pg_url, autocommit=True) as db:
+        rows = db.execute("SELECT version FROM toolbus_schema ORDER BY version").fetchall()
+    assert rows == [(v,) for v in range(1, SCHEMA_VERSION + 1)]
+
+
+def test_pg_refuses_a_schema_newer_than_the_code(pg_url: str) -> None:  # noqa: F811
+    """SPEC N1, O5: a database migrated by a newer toolbus is refused with one line."""
+    PgStore(pg_url).close()
+    with psycopg.connect(pg_url, autocommit=True) as db:
+        db.execute("INSERT INTO toolbus_schema (version) VALUES (%s)", (SCHEMA_VERSION + 1,))
+    with pytest.raises(SchemaTooNew) as info:
+        PgStore(pg_url)
+    assert str(info.value) == (
+        f"store {redact(pg_url)}: database schema version "
+        f"{SCHEMA_VERSION + 1} is newer than this toolbus's {SCHEMA_VERSION}; run the newer "
+        f"toolbus, or point store.url at another database"
+    )
+
+
+def test_pg_commits_do_not_wait_for_the_wal_flush_unless_asked(pg_url: str) -> None:  # noqa: F811
+    """SPEC N1, D1: synchronous_commit is off by default (the SQLite store's durability
+    class) and the URL's options can turn it on."""
+    store = PgStore(pg_url)
+    assert store.link.read("SHOW synchronous_commit") == [("off",)]
+    store.close()
+    store = PgStore(pg_url + "%20-csynchronous_commit%3Don")
+    assert store.link.read("SHOW synchronous_commit") == [("on",)]
+    assert store.link.read("SHOW statement_timeout") == [("2s",)]
+    assert store.link.read("SHOW lock_timeout") == [("100ms",)]
+    store.close()
+
+
+def test_pg_one_node_per_store_until_sessions_can_move(pg_url: str) -> None:  # noqa: F811
+    """SPEC N2, O5: a second node on a store in use is refused with one line before it
+    touches anything; once the first is gone (its connection closed), a node may start."""
+    first = PgStore(pg_url)
+    with pytest.raises(StoreError) as info:
+        PgStore(pg_url)
+    assert str(info.value) == (
+        f"store {redact(pg_url)}: another toolbus node uses this database schema; "
+        f"several nodes on one store are not supported yet (SPEC N2)"
+    )
+    first.close()
+    PgStore(pg_url).close()
+
+
+def test_pg_locked_table_fails_the_commit_fast_and_keeps_it_staged(
+    pg_url: str,  # noqa: F811
+) -> None:
+    """SPEC D6 (the PostgreSQL twin of a locked SQLite file): a table another connection
+    holds locked fails the commit within the lock timeout, everything stays staged, and
+    the commit after the lock is released writes it all."""
+    store = PgStore(pg_url)
+    store.stage_session(session("s1"))
+    store.commit()
+    store.stage_event("s1", 1, b"{}")
+    store.stage_call("s1", "c1", "done", b"{}")
+    with psycopg.connect(pg_url, autocommit=True) as admin, admin.transaction():
+        admin.execute("LOCK TABLE events IN ACCESS EXCLUSIVE MODE")
+        started = time.monotonic()
+        with pytest.raises(StoreUnavailable, match="lock timeout"):
+            store.commit()
+        assert time.monotonic() - started < 1.0
+    store.commit()
+    assert store.events_after("s1", 0) == [(1, b"{}")]
+    assert store.call("s1", "c1") == ("done", b"{}")
+    store.close()
+
+
+def test_credential_ref_is_stored_with_the_session(opener: Opener) -> None:
+    """SPEC S6, A7: a session's credential reference survives a reopen on both stores."""
+    store = opener()
+    ref = '{"kind":"token","sha256":"ab","profile":"demo"}'
+    store.stage_session(replace(session("s1"), credential_ref=ref))
+    store.commit()
+    store.close()
+    store = opener()
+    loaded = store.load_session("s1")
+    assert loaded is not None
+    assert loaded.credential_ref == ref
+    assert [row.credential_ref for row in store.all_sessions()] == [ref]
+    store.close()
+
+
+_V1_SESSIONS_SQLITE = """
+CREATE TABLE sessions (
+    session_id TEXT PRIMARY KEY, token_hash TEXT NOT NULL, user TEXT NOT NULL,
+    tenant TEXT, profile TEXT NOT NULL, context BLOB NOT NULL, options BLOB NOT NULL,
+    grants BLOB NOT NULL, last_seq INTEGER NOT NULL, acked_seq INTEGER NOT NULL,
+    floor_seq INTEGER NOT NULL, created_at REAL NOT NULL, expires_at REAL,
+    catalog_version TEXT
+);
+CREATE TABLE events (
+    id INTEGER PRIMARY KEY, session_id TEXT NOT NULL, seq INTEGER NOT NULL, body BLOB NOT NULL
+);
+CREATE TABLE calls (
+    id INTEGER PRIMARY KEY,
+    session_id TEXT NOT NULL, call_id TEXT NOT NULL, state TEXT NOT NULL, body BLOB
+);
+CREATE TABLE jobs (
+    job_id TEXT PRIMARY KEY, tool TEXT NOT NULL, state TEXT NOT NULL,
+    session_id TEXT NOT NULL, user TEXT NOT NULL, tenant TEXT, profile TEXT NOT NULL,
+    call_id TEXT, params BLOB NOT NULL, context BLOB NOT NULL, created_at REAL NOT NULL,
+    started_at REAL, finished_at REAL, summary TEXT, artifacts BLOB NOT NULL,
+    result BLOB, error BLOB
+);
+INSERT INTO sessions VALUES
+    ('s1', 'h', 'alice', NULL, 'demo', '{}', '{}', '[]', 0, 0, 0, 1.5, NULL, 'v1');
+PRAGMA user_version=1;
+"""
+
+
+def test_sqlite_store_of_schema_1_gains_the_credential_ref_column(tmp_path: Path) -> None:
+    """SPEC S6, D6, O5: a schema-1 store opens (additive migration to version 2), keeps
+    its sessions, whose missing reference reads ``None`` (re-validated as revoked)."""
+    path = tmp_path / "old.sqlite"
+    with sqlite3.connect(path) as db:
+        db.executescript(_V1_SESSIONS_SQLITE)
+    store = SqliteStore(path)
+    loaded = store.load_session("s1")
+    assert loaded is not None
+    assert (loaded.user, loaded.credential_ref) == ("alice", None)
+    store.stage_session(replace(loaded, credential_ref="r"))
+    store.commit()
+    store.close()
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA user_version").fetchone() == (SQLITE_SCHEMA_VERSION,)
+        assert db.execute("SELECT credential_ref FROM sessions").fetchall() == [("r",)]
+    assert SQLITE_SCHEMA_VERSION == 2
+
+
+def test_pg_store_of_schema_1_gains_the_credential_ref_column(pg_url: str) -> None:  # noqa: F811
+    """SPEC S6, N1: a database at schema version 1 is migrated to 2 at open and keeps its
+    sessions; a row without a reference reads ``None``."""
+    with psycopg.connect(pg_url, autocommit=True) as db:
+        db.execute(
+            "CREATE TABLE toolbus_schema (version INTEGER PRIMARY KEY, "
+            "applied_at TIMESTAMPTZ NOT NULL DEFAULT now())"
+        )
+        db.execute(MIGRATIONS[0][1].encode())
+        db.execute("INSERT INTO toolbus_schema (version) VALUES (1)")
+        db.execute(
+            "INSERT INTO sessions VALUES ('s1', 'h', 'alice', NULL, 'demo', '{}', '{}', "
+            "'[]', 0, 0, 0, 1.5, NULL, 'v1')"
+        )
+    store = PgStore(pg_url)
+    loaded = store.load_session("s1")
+    assert loaded is not None
+    assert (loaded.user, loaded.credential_ref) == ("alice", None)
+    store.stage_session(replace(loaded, credential_ref="r"))
+    store.commit()
+    assert [row.credential_ref for row in store.all_sessions()] == ["r"]
+    store.close()
+    with psycopg.connect(pg_url, autocommit=True) as db:
+        rows = db.execute("SELECT version FROM toolbus_schema ORDER BY version").fetchall()
+    assert rows == [(1,), (2,)]
+    assert SCHEMA_VERSION == 2

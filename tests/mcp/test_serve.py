@@ -1,0 +1,321 @@
+"""toolbus as an MCP server: the SDK's own client against ``/mcp`` (SPEC M4).
+
+Every test runs the real gateway on 127.0.0.1 and drives ``/mcp`` with the official
+``mcp.Client`` over Streamable HTTP, on the same port as the WebSocket server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import threading
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import mcp_types as types
+import pytest
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp.shared.subscriptions import ToolsListChanged
+
+from gateway.config import DEMO_DIR
+from gateway.demo import handlers
+from gateway.server import Gateway
+from tests.gateway.tools_for_tests import audit_records
+from tests.support import CONVERT, MS, WAIT, peer, running, settings_for
+
+
+@contextlib.asynccontextmanager
+async def mcp_client(
+    gw: Gateway, token: str, profile: str | None = None, **options: Any
+) -> AsyncIterator[Client]:
+    """The SDK's client on ``/mcp`` with ``Authorization: Bearer token`` (SPEC M4, S2)."""
+    headers = {"Authorization": f"Bearer {token}"}
+    if profile is not None:
+        headers["X-Toolbus-Profile"] = profile
+    url = f"http://127.0.0.1:{gw.port}/mcp"
+    async with create_mcp_http_client(headers=headers) as http:
+        transport = streamable_http_client(url, http_client=http)
+        async with Client(transport, cache=None, **options) as client:
+            yield client
+
+
+@pytest.fixture
+async def gateway(tmp_path: Path) -> AsyncIterator[Gateway]:
+    async with running(settings_for(tmp_path)) as gw:
+        yield gw
+
+
+def _waiting(gw: Gateway) -> tuple[int, int]:
+    """Calls read and approvals parked by the MCP endpoint now (nothing kept, case F33)."""
+    links = gw.mcp_endpoint._links.values()
+    return sum(len(k.waiters) for k in links), sum(len(k.parked) for k in links)
+
+
+def _text(result: types.CallToolResult) -> str:
+    block = result.content[0]
+    assert isinstance(block, types.TextContent)
+    return block.text
+
+
+async def test_tools_list_is_the_profiles_catalog(gateway: Gateway) -> None:
+    """SPEC M4, C3: ``tools/list`` is the visible catalog of the asked profile."""
+    async with asyncio.timeout(WAIT):
+        async with mcp_client(gateway, "alice-token", "readonly") as client:
+            listed = await client.list_tools()
+        async with mcp_client(gateway, "alice-token", "demo") as client:
+            demo = await client.list_tools()
+    assert sorted(t.name for t in listed.tools) == [
+        "clock_now",
+        "convert_units",
+        "notes_list",
+        "notes_search",
+    ]
+    names = {t.name for t in demo.tools}
+    assert "notes_delete" in names
+    assert "show_map" not in names  # mode: client, nothing to run it over MCP (I3)
+    delete = next(t for t in demo.tools if t.name == "notes_delete")
+    assert delete.annotations is not None
+    assert delete.annotations.destructive_hint is True
+
+
+async def test_sync_call_and_invalid_params(gateway: Gateway) -> None:
+    """SPEC M4, I4: a sync call returns its result; bad params an MCP error result."""
+    async with asyncio.timeout(WAIT):
+        async with mcp_client(gateway, "bob-token") as client:
+            ok = await client.call_tool(
+                "convert_units", {"value": 1, "from_unit": "km", "to_unit": "m"}
+            )
+            bad = await client.call_tool("convert_units", {"value": "x"})
+            unknown = await client.call_tool("no_such_tool", {})
+    assert ok.is_error is False
+    assert ok.structured_content == {
+        "value": 1.0,
+        "from_unit": "km",
+        "to_unit": "m",
+        "result": 1000.0,
+        "dimension": "length",
+    }
+    assert bad.is_error is True
+    assert _text(bad).startswith("invalid_params: ")
+    assert unknown.is_error is True
+    assert _text(unknown).startswith("unknown_tool: ")
+
+
+async def test_bad_bearer_is_401(gateway: Gateway) -> None:
+    """SPEC M4, S2: a refused credential, a credential in the URL, a profile not granted
+    (asked by query parameter) and a foreign Origin never reach the MCP server."""
+    url = f"http://127.0.0.1:{gateway.port}/mcp"
+    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
+    async with httpx2.AsyncClient() as http:
+        refused = await http.post(url, json=body, headers={"Authorization": "Bearer nope"})
+        missing = await http.post(url, json=body)
+        in_url = await http.post(url + "?token=alice-token", json=body)
+        bob = {"Authorization": "Bearer bob-token"}
+        not_granted = await http.post(url + "?profile=readonly", json=body, headers=bob)
+        bad_origin = await http.post(url, json=body, headers={**bob, "Origin": "http://evil"})
+    assert (refused.status_code, refused.headers["www-authenticate"]) == (401, "Bearer")
+    assert missing.status_code == 401
+    assert in_url.status_code == 400
+    assert (not_granted.status_code, not_granted.text) == (
+        403,
+        "profile not granted; granted: demo\n",
+    )
+    assert bad_origin.status_code == 403
+
+
+async def test_websocket_still_served_on_the_same_port(gateway: Gateway) -> None:
+    """SPEC M4, S1: the WebSocket path is unchanged next to ``/mcp``."""
+    async with asyncio.timeout(WAIT):
+        async with mcp_client(gateway, "bob-token") as client:
+            await client.list_tools()
+            async with peer(gateway, token="bob-token") as p:
+                await p.invoke("c1", "convert_units", CONVERT)
+                reply = await p.terminal("c1")
+    assert (reply["type"], reply["result"]["result"]) == ("result", 100.0)
+
+
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+async def test_gated_call_with_elicitation(gateway: Gateway, mode: str) -> None:
+    """SPEC M4, A3, A5: the approval is asked by elicitation; yes runs it, no declines.
+
+    ``auto`` negotiates 2026-07-28 (asked by ``InputRequiredResult`` and a retry);
+    ``legacy`` the initialize handshake (asked by ``elicitation/create``)."""
+    asked: list[str] = []
+    answers = iter([True, False])
+
+    async def elicit(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        asked.append(params.message)
+        return types.ElicitResult(action="accept", content={"approve": next(answers)})
+
+    async with asyncio.timeout(WAIT):
+        async with mcp_client(
+            gateway, "bob-token", elicitation_callback=elicit, mode=mode
+        ) as client:
+            made = await client.call_tool("notes_create", {"title": "t", "body": "b"})
+            note = made.structured_content
+            assert isinstance(note, dict)
+            allowed = await client.call_tool("notes_delete", {"note_id": note["note_id"]})
+            denied = await client.call_tool("notes_delete", {"note_id": note["note_id"]})
+    assert asked == [f'Allow notes_delete with {{"note_id": {note["note_id"]}}}?'] * 2
+    assert allowed.is_error is False
+    assert allowed.structured_content == {"deleted": note["note_id"]}
+    assert denied.is_error is False
+    assert denied.structured_content is not None
+    assert denied.structured_content["declined"] is True
+    assert _waiting(gateway) == (0, 0)
+
+
+async def test_gated_call_without_elicitation_is_declined(gateway: Gateway) -> None:
+    """SPEC M4, A5: a client that cannot be asked gets the declined result."""
+    async with asyncio.timeout(WAIT):
+        async with mcp_client(gateway, "bob-token") as client:
+            denied = await client.call_tool("notes_delete", {"note_id": 1})
+    assert denied.is_error is False
+    assert denied.structured_content is not None
+    assert denied.structured_content["declined"] is True
+    assert denied.structured_content["reason"] == "user"
+
+
+async def test_async_tool_reports_progress(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SPEC M4, I9, J2: an async tool's job is awaited; its dispatch message and each
+    ``job.progress`` reach the MCP client as progress, then the job's result."""
+    monkeypatch.setattr(handlers, "REPORT_SECTION_SECONDS", MS)
+    seen: list[tuple[float, str | None]] = []
+
+    async def progress(progress: float, total: float | None, message: str | None) -> None:
+        seen.append((progress, message))
+
+    settings = settings_for(tmp_path, jobs={"progress_interval": 0})
+    async with (
+        asyncio.timeout(WAIT),
+        running(settings) as gateway,
+        mcp_client(gateway, "bob-token") as client,
+    ):
+        done = await client.call_tool("report", {"topic": "x"}, progress_callback=progress)
+    assert done.is_error is False
+    assert _text(done) == "Report on x with 3 section(s) is ready."
+    value = done.structured_content
+    assert value is not None
+    assert (value["summary"], value["result"]) == (_text(done), {"sections": 3, "words": 44})
+    assert [(a["name"], a["mime_type"]) for a in value["artifacts"]] == [
+        ("report-x.md", "text/markdown")
+    ]
+    assert seen == [
+        (0.0, "I'm writing that report now; I'll tell you when it's ready."),
+        (1 / 3, "section 1"),
+        (2 / 3, "section 2"),
+        (1.0, "section 3"),
+    ]
+
+
+async def test_calls_are_audited_under_their_mcp_call_id(gateway: Gateway) -> None:
+    """SPEC M4, I11, I15: one audit record per call, keyed ``mcp:<session>:<request id>``;
+    the same request id in two MCP sessions is two calls."""
+    with audit_records() as records:
+        async with asyncio.timeout(WAIT):
+            for _ in range(2):
+                async with mcp_client(gateway, "bob-token") as client:
+                    await client.call_tool("convert_units", CONVERT)
+    first, second = records
+    assert (first["user"], first["tool"], first["outcome"]) == ("bob", "convert_units", "ok")
+    assert first["call_id"].startswith("mcp:")
+    assert first["call_id"] != second["call_id"]
+    assert second["outcome"] == "ok"
+
+
+async def test_forged_request_state_is_refused(gateway: Gateway) -> None:
+    """SPEC M4, A3, A7: a retry whose ``request_state`` was never issued answers no
+    approval and runs nothing."""
+    async with asyncio.timeout(WAIT):
+        async with mcp_client(gateway, "bob-token") as client:
+            forged = await client.session.call_tool(
+                "notes_delete", {"note_id": 1}, request_state="forged", allow_input_required=True
+            )
+    assert isinstance(forged, types.CallToolResult)
+    assert (forged.is_error, _text(forged)) == (
+        True,
+        "expired: this approval is no longer pending",
+    )
+
+
+async def test_cancelled_mcp_request_cancels_the_call(gateway: Gateway) -> None:
+    """SPEC M4, I8, A4: the host cancels ``tools/call`` while its approval is asked; the
+    toolbus call ends ``cancelled`` (one audit record) and nothing is left waiting."""
+    ended = threading.Event()
+    records: list[dict[str, Any]] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(dict(record.audit))  # type: ignore[attr-defined]
+            ended.set()
+
+    audit = logging.getLogger("toolbus.audit")
+    handler, level = Collect(), audit.level
+    audit.addHandler(handler)
+    audit.setLevel(logging.INFO)
+    asked = asyncio.Event()
+
+    async def elicit(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        asked.set()
+        await asyncio.Event().wait()  # never answered: the request is cancelled meanwhile
+        raise AssertionError("unreachable")
+
+    try:
+        async with (
+            asyncio.timeout(WAIT),
+            mcp_client(gateway, "bob-token", elicitation_callback=elicit, mode="legacy") as c,
+        ):
+            call = asyncio.create_task(c.call_tool("notes_delete", {"note_id": 1}))
+            await asyncio.wait_for(asked.wait(), WAIT)
+            call.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await call
+            assert await asyncio.to_thread(ended.wait, WAIT)
+    finally:
+        audit.removeHandler(handler)
+        audit.setLevel(level)
+    [record] = records
+    assert (record["tool"], record["outcome"]) == ("notes_delete", "cancelled")
+    assert _waiting(gateway) == (0, 0)
+
+
+async def test_catalog_change_sends_list_changed(tmp_path: Path) -> None:
+    """SPEC M4, C3: a catalog change reaches a ``subscriptions/listen`` stream as
+    ``tools/list_changed``; listing again shows the new catalog."""
+    folder = tmp_path / "catalog"
+    folder.mkdir()
+    shutil.copy(DEMO_DIR / "tools.yaml", folder / "tools.yaml")
+    profiles = folder / "profiles.yaml"
+    shutil.copy(DEMO_DIR / "profiles.yaml", profiles)
+    catalog = {
+        "tools": [folder / "tools.yaml"],
+        "profiles": [profiles],
+        "hot_reload": True,
+        "reload_interval": 10 * MS,
+    }
+    async with (
+        asyncio.timeout(WAIT),
+        running(settings_for(tmp_path, catalog=catalog)) as gateway,
+        mcp_client(gateway, "alice-token", "readonly") as client,
+    ):
+        before = {t.name for t in (await client.list_tools()).tools}
+        async with client.listen(tools_list_changed=True) as changes:
+            stat = profiles.stat()
+            profiles.write_text(
+                profiles.read_text().replace(
+                    "  readonly:\n    capabilities: [notes.read, time, units]",
+                    "  readonly:\n    capabilities: [notes.read, time]",
+                )
+            )
+            os.utime(profiles, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+            event = await anext(aiter(changes))
+        after = {t.name for t in (await client.list_tools()).tools}
+    assert isinstance(event, ToolsListChanged)
+    assert before - after == {"convert_units"}
