@@ -65,7 +65,14 @@ class Batch:
         return events, calls
 
 
-def psycopg_sync(url: str, n: int, count: int) -> tuple[list[float], list[float]]:
+Rows = list[tuple[Any, ...]]
+
+
+def _psycopg_timed(
+    url: str, n: int, count: int, write: Callable[[psycopg.Cursor[Any], Rows, Rows], None]
+) -> tuple[list[float], list[float]]:
+    """``count`` commits of ``n`` sessions' rows, each written by ``write`` inside one
+    pipelined transaction; the wall and thread-CPU seconds of each commit."""
     batch = Batch()
     walls, cpus = [], []
     with psycopg.connect(url, autocommit=True) as db:
@@ -73,11 +80,19 @@ def psycopg_sync(url: str, n: int, count: int) -> tuple[list[float], list[float]
             events, calls = batch.rows(n)
             w, c = time.perf_counter(), time.thread_time()
             with db.pipeline(), db.transaction(), db.cursor() as cur:
-                cur.executemany(EV, events)
-                cur.executemany(CALL, calls)
+                write(cur, events, calls)
             cpus.append(time.thread_time() - c)
             walls.append(time.perf_counter() - w)
     return walls, cpus
+
+
+def _write_many(cur: psycopg.Cursor[Any], events: Rows, calls: Rows) -> None:
+    cur.executemany(EV, events)
+    cur.executemany(CALL, calls)
+
+
+def psycopg_sync(url: str, n: int, count: int) -> tuple[list[float], list[float]]:
+    return _psycopg_timed(url, n, count, _write_many)
 
 
 EV_UNNEST = (
@@ -95,20 +110,14 @@ def _columns(rows: list[tuple[Any, ...]]) -> tuple[list[Any], ...]:
     return tuple(list(col) for col in zip(*rows, strict=True))
 
 
+def _write_unnest(cur: psycopg.Cursor[Any], events: Rows, calls: Rows) -> None:
+    cur.execute(EV_UNNEST, _columns(events))
+    cur.execute(CALL_UNNEST, _columns(calls))
+
+
 def psycopg_unnest(url: str, n: int, count: int) -> tuple[list[float], list[float]]:
     """One statement per table whatever the batch size: the rows travel as arrays."""
-    batch = Batch()
-    walls, cpus = [], []
-    with psycopg.connect(url, autocommit=True) as db:
-        for _ in range(count):
-            events, calls = batch.rows(n)
-            w, c = time.perf_counter(), time.thread_time()
-            with db.pipeline(), db.transaction(), db.cursor() as cur:
-                cur.execute(EV_UNNEST, _columns(events))
-                cur.execute(CALL_UNNEST, _columns(calls))
-            cpus.append(time.thread_time() - c)
-            walls.append(time.perf_counter() - w)
-    return walls, cpus
+    return _psycopg_timed(url, n, count, _write_unnest)
 
 
 async def psycopg_async(url: str, n: int, count: int) -> tuple[list[float], list[float]]:

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import jwt
 import orjson
 import yaml
 from websockets.asyncio.client import ClientConnection, connect
@@ -22,6 +25,9 @@ from websockets.exceptions import ConnectionClosed
 from gateway.auth import hash_token
 from gateway.config import DEMO_DIR, Settings, load_settings
 from gateway.server import Gateway
+
+ROOT = Path(__file__).resolve().parents[1]
+"""The repository folder (where ``python -m gateway.cli`` runs from)."""
 
 MS = float(os.environ.get("TOOLBUS_TEST_MS", "0.001"))
 WAIT = 10.0
@@ -33,6 +39,17 @@ TOKENS = {
     # Same user name, other tenant: a different principal (SPEC S2).
     "alice-t2-token": {"user": "alice", "profiles": ["demo"], "tenant": "t2"},
 }
+
+
+JWT_SECRET = "a-test-only-hs256-secret-of-32-bytes-or-more!"
+"""The HS256 secret test servers that accept JWTs are given (``auth.jwt_secret``)."""
+
+
+def make_jwt(sub: str, profiles: list[str] | tuple[str, ...], exp: float) -> str:
+    """An HS256 JWT signed with :data:`JWT_SECRET` for ``sub`` granting ``profiles``,
+    expiring at ``exp`` (Unix seconds) (SPEC S2, S6)."""
+    claims = {"sub": sub, "profiles": list(profiles), "exp": exp}
+    return jwt.encode(claims, JWT_SECRET, "HS256")
 
 
 def write_token_file(folder: Path) -> Path:
@@ -61,6 +78,19 @@ def settings_for(tmp: Path, **sections: Any) -> Settings:
         else:
             overrides[key] = value
     return load_settings(**overrides)
+
+
+def own_catalog(tmp: Path, tools: str, profiles: str) -> dict[str, Any]:
+    """Write ``tools`` and ``profiles`` (YAML text) to ``tmp``/tools.yaml and
+    ``tmp``/profiles.yaml; the ``catalog`` section for :func:`settings_for` that loads
+    them, hot reload off."""
+    (tmp / "tools.yaml").write_text(tools)
+    (tmp / "profiles.yaml").write_text(profiles)
+    return {
+        "tools": [tmp / "tools.yaml"],
+        "profiles": [tmp / "profiles.yaml"],
+        "hot_reload": False,
+    }
 
 
 @asynccontextmanager
@@ -150,6 +180,16 @@ CONVERT = {"value": 1, "from_unit": "m", "to_unit": "cm"}
 """Arguments of a quick, valid demo call (convert_units)."""
 
 
+@asynccontextmanager
+async def peer_at(url: str, **hello: Any) -> AsyncIterator[Peer]:
+    """A :class:`Peer` connected to ``url`` (a server in another process) that said
+    hello (``hello`` fields)."""
+    async with connect(url, subprotocols=["toolbus.v1"], max_size=None) as ws:  # type: ignore[list-item]
+        p = Peer(ws)
+        await p.hello(**hello)
+        yield p
+
+
 def signal(gw: Gateway, name: str) -> asyncio.Event:
     """An event set each time ``gw.sessions.<name>`` (``park`` or ``end``) runs."""
     event = asyncio.Event()
@@ -208,3 +248,72 @@ async def barrier(p: Peer) -> list[dict[str, Any]]:
 def sequenced(messages: list[dict[str, Any]]) -> list[int]:
     """The ``seq`` of each durable event among ``messages``, in order."""
     return [msg["seq"] for msg in messages if "seq" in msg]
+
+
+def toolbus_argv(*args: str) -> list[str]:
+    """``toolbus ARGS`` (``python -m gateway.cli ARGS``) as an argument list."""
+    return [sys.executable, "-m", "gateway.cli", *args]
+
+
+def run_toolbus(
+    *args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 60.0
+) -> subprocess.CompletedProcess[str]:
+    """Run ``toolbus ARGS`` in ``cwd`` to its end (``env`` defaults to this process's)
+    and capture its output as text."""
+    return subprocess.run(
+        toolbus_argv(*args), cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env
+    )
+
+
+def clean_env() -> dict[str, str]:
+    """This process's environment without any ``TOOLBUS_*`` override."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("TOOLBUS_")}
+
+
+async def spawn_serve(
+    *args: str,
+    cwd: Path = ROOT,
+    env: dict[str, str] | None = None,
+    stderr: int = asyncio.subprocess.DEVNULL,
+) -> asyncio.subprocess.Process:
+    """Start ``toolbus serve ARGS`` as a subprocess with stdout piped (``env`` defaults
+    to :func:`clean_env`). The caller reads its banner and ends it."""
+    return await asyncio.create_subprocess_exec(
+        *toolbus_argv("serve", *args),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=stderr,
+        cwd=cwd,
+        env=clean_env() if env is None else env,
+    )
+
+
+class ScriptServer:
+    """A server process run from a ``python -c`` script that prints its port first."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, port: int) -> None:
+        self.proc = proc
+        self.port = port
+
+    async def crash(self) -> None:
+        """SIGKILL the process and wait for its end."""
+        self.proc.kill()
+        async with asyncio.timeout(WAIT):
+            await self.proc.wait()
+
+
+@asynccontextmanager
+async def script_server(script: str, *args: str) -> AsyncIterator[ScriptServer]:
+    """Run ``python -c SCRIPT ARGS`` in the repository folder; yield it once it printed
+    its port; kill it when the block ends if it still runs."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", script, *args, stdout=asyncio.subprocess.PIPE, cwd=ROOT
+    )
+    try:
+        assert proc.stdout is not None
+        async with asyncio.timeout(WAIT):
+            port = int(await proc.stdout.readline())
+        yield ScriptServer(proc, port)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()

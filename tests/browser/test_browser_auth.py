@@ -8,20 +8,18 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import jwt
 import pytest
 from playwright.async_api import Page
 
-from tests.support import running, settings_for
+from tests.support import JWT_SECRET, make_jwt, running, settings_for
 
 pytestmark = pytest.mark.browser
 
-SECRET = "a-test-only-hs256-secret-of-32-bytes-or-more!"
 SCRIPT = (Path(__file__).parent / "auth_check.js").read_text()
 
 
 def token(sub: str, exp: int) -> str:
-    return jwt.encode({"sub": sub, "profiles": ["demo"], "exp": exp}, SECRET, "HS256")
+    return make_jwt(sub, ["demo"], exp)
 
 
 async def test_module_warns_refreshes_and_closes_4004(tmp_path: Path, page: Page) -> None:
@@ -30,7 +28,7 @@ async def test_module_warns_refreshes_and_closes_4004(tmp_path: Path, page: Page
     that does not refresh is closed 4004 and does not reconnect."""
     settings = settings_for(
         tmp_path,
-        auth={"jwt_secret": SECRET, "expiry_warning": 2.5},
+        auth={"jwt_secret": JWT_SECRET, "expiry_warning": 2.5},
         calls={"approval_timeout": 3.5},
     )
     async with running(settings) as gw:

@@ -129,6 +129,22 @@ async def _note(page: Page) -> int:
     return note_id
 
 
+async def _delete_called(
+    page: Page, gateway: Gateway
+) -> tuple[dict[str, Any], int, dict[str, Any]]:
+    """Start the bridge, make a note, and play a model turn calling ``notes_delete`` on
+    it (call id ``call_del``): the bridge's start info, the note id and the one frame
+    the call sent to toolbus."""
+    started = await _start(page, gateway)
+    await _sent(page, 1)
+    note_id = await _note(page)
+    await _play(
+        page, calling_turn("resp_1", Call.of("call_del", "notes_delete", {"note_id": note_id}))
+    )
+    [frame] = await _frames(page, 1)
+    return started, note_id, frame
+
+
 async def test_sync_call_outcome_then_response_and_replays_run_nothing(
     gateway: Gateway, page: Page
 ) -> None:
@@ -181,13 +197,7 @@ async def test_parallel_calls_get_one_response(gateway: Gateway, page: Page) -> 
 async def test_approval_allowed(gateway: Gateway, page: Page) -> None:
     """V1, A2, A3: an approval surfaces through the callback; nothing goes to the model until
     the user allows; then the result and response.create."""
-    started = await _start(page, gateway)
-    await _sent(page, 1)
-    note_id = await _note(page)
-    await _play(
-        page, calling_turn("resp_1", Call.of("call_del", "notes_delete", {"note_id": note_id}))
-    )
-    [frame] = await _frames(page, 1)
+    started, note_id, frame = await _delete_called(page, gateway)
     _invoke(frame, "call_del", "notes_delete", {"note_id": note_id}, started["version"])
     card = await page.evaluate("rt.card()")
     assert card == {
@@ -326,13 +336,7 @@ async def test_catalog_change_updates_session_tools(gateway: Gateway, page: Page
 async def test_toolbus_drop_and_resume_mid_call(gateway: Gateway, page: Page) -> None:
     """V1, D3, I12: the toolbus socket drops while a call awaits approval; after the resume
     the approval is not asked again, the call runs once and its output is sent once."""
-    started = await _start(page, gateway)
-    await _sent(page, 1)
-    note_id = await _note(page)
-    await _play(
-        page, calling_turn("resp_1", Call.of("call_del", "notes_delete", {"note_id": note_id}))
-    )
-    [frame] = await _frames(page, 1)
+    started, note_id, frame = await _delete_called(page, gateway)
     await page.evaluate("rt.card()")
 
     await page.evaluate("rt.client.simulateDrop()")

@@ -8,26 +8,26 @@ import time
 from pathlib import Path
 from typing import Any
 
-import jwt
 import pytest
 
 import toolbus
 from protocol import messages as m
 from protocol.errors import ErrorCode
-from tests.support import WAIT, running, settings_for
+from tests.support import JWT_SECRET, WAIT, make_jwt, running, settings_for
 
-SECRET = "a-test-only-hs256-secret-of-32-bytes-or-more!"
 KM = {"value": 1, "from_unit": "km", "to_unit": "m"}
 
 
 def token(sub: str, exp: float, profiles: tuple[str, ...] = ("demo",)) -> str:
     """An HS256 JWT for ``sub`` granting ``profiles``, expiring at ``exp`` (Unix s)."""
-    return jwt.encode({"sub": sub, "profiles": list(profiles), "exp": exp}, SECRET, "HS256")
+    return make_jwt(sub, profiles, exp)
 
 
 def settings(tmp: Path, **auth: Any) -> Any:
     # notes_delete needs approval; nobody answers, so it ends (declined) after 3.5 s.
-    return settings_for(tmp, auth={"jwt_secret": SECRET, **auth}, calls={"approval_timeout": 3.5})
+    return settings_for(
+        tmp, auth={"jwt_secret": JWT_SECRET, **auth}, calls={"approval_timeout": 3.5}
+    )
 
 
 def connect(url: str, credential: str, **options: Any) -> toolbus.Client:

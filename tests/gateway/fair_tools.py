@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -24,13 +23,10 @@ from typing import Any
 
 import orjson
 import yaml
-from websockets.asyncio.client import connect
 
 from gateway.context import ToolContext
 from gateway.server import Gateway
-from tests.support import WAIT, Peer, running, settings_for, write_token_file
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support import ROOT, WAIT, Peer, running, settings_for, spawn_serve, write_token_file
 
 TOOLS_YAML = """
 tools:
@@ -234,18 +230,7 @@ async def server_process(config: Path) -> AsyncIterator[ServerProcess]:
     """Run ``python -m gateway.cli serve --config CONFIG`` until the block ends (then
     kill it if it still runs)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "gateway.cli",
-        "serve",
-        "--config",
-        str(config),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        cwd=ROOT,
-        env=env,
-    )
+    proc = await spawn_serve("--config", str(config), env=env, stderr=asyncio.subprocess.PIPE)
     server = ServerProcess(proc)
     reader = asyncio.ensure_future(server._read())
     try:
@@ -264,15 +249,6 @@ async def server_process(config: Path) -> AsyncIterator[ServerProcess]:
             proc.kill()
             await proc.wait()
         reader.cancel()
-
-
-@asynccontextmanager
-async def client(url: str, **hello: Any) -> AsyncIterator[Peer]:
-    """A :class:`Peer` connected to ``url`` that said hello (``hello`` fields)."""
-    async with connect(url, subprotocols=["toolbus.v1"], max_size=None) as ws:  # type: ignore[list-item]
-        p = Peer(ws)
-        await p.hello(**hello)
-        yield p
 
 
 async def seen_or_next(p: Peer, type_: str, **fields: Any) -> dict[str, Any]:

@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import jwt
 import pytest
 import yaml
 
@@ -19,9 +18,8 @@ from gateway.config import Settings
 from gateway.server import Gateway
 from tests.gateway.test_job_truth import dispatch, job_get
 from tests.pg_support import store_backend  # noqa: F401 (fixture)
-from tests.support import TOKENS, peer, running, settings_for
+from tests.support import JWT_SECRET, TOKENS, make_jwt, peer, running, settings_for
 
-JWT_SECRET = "a-test-only-hs256-secret-of-32-bytes-or-more!"
 LATER = 7200.0
 """Seconds the second server's clock runs ahead of the first (past a JWT's ``exp``)."""
 
@@ -65,6 +63,17 @@ async def queue_behind_a_held_job(settings: Settings, **hello: Any) -> tuple[str
 async def settle(gw: Gateway) -> None:
     """Wait until no job of the recovered ones is active (each ran or failed)."""
     await ft.until(lambda: not gw.jobs.active, gw.workers.jobs.changed)
+
+
+async def runs_after_restart(settings: Settings, job_id: str) -> None:
+    """Serve again on ``settings`` until recovery settles: the queued job ``job_id``
+    ran once and is ``done`` (SPEC J6)."""
+    async with running(settings) as gw:
+        await settle(gw)
+        row = gw.store.job(job_id)
+    assert row is not None
+    assert row.state == "done"
+    assert ft.STATE.quick == 1
 
 
 def rewrite_bob(settings: Settings, entry: dict[str, Any] | None) -> None:
@@ -113,12 +122,7 @@ async def test_queued_job_of_a_still_valid_token_runs_after_restart(
     job (the stored reference re-validates; nothing is refused by mistake)."""
     settings = job_settings(tmp_path)
     _, second = await queue_behind_a_held_job(settings, token="bob-token")
-    async with running(settings) as gw:
-        await settle(gw)
-        row = gw.store.job(second)
-    assert row is not None
-    assert row.state == "done"
-    assert ft.STATE.quick == 1
+    await runs_after_restart(settings, second)
 
 
 async def test_queued_job_of_an_expired_jwt_fails_credential_expired_after_restart(
@@ -127,11 +131,7 @@ async def test_queued_job_of_an_expired_jwt_fails_credential_expired_after_resta
     """SPEC S6, A7, J6: the session ran on a JWT valid for an hour; the server comes back
     two hours later (its clock): the queued job ends ``failed`` ``credential_expired``."""
     settings = job_settings(tmp_path, auth={"jwt_secret": JWT_SECRET})
-    token = jwt.encode(
-        {"sub": "carol", "profiles": ["demo"], "exp": time.time() + LATER / 2},
-        JWT_SECRET,
-        "HS256",
-    )
+    token = make_jwt("carol", ["demo"], time.time() + LATER / 2)
     session_id, second = await queue_behind_a_held_job(settings, token=token)
     gw = Later(settings)
     await gw.start()
@@ -152,13 +152,6 @@ async def test_queued_job_of_an_expired_jwt_fails_credential_expired_after_resta
 async def test_queued_job_of_an_unexpired_jwt_runs_after_restart(tmp_path: Path) -> None:
     """SPEC S6, J6: a JWT whose ``exp`` has not passed at the restart runs the job."""
     settings = job_settings(tmp_path, auth={"jwt_secret": JWT_SECRET})
-    token = jwt.encode(
-        {"sub": "carol", "profiles": ["demo"], "exp": time.time() + 3600}, JWT_SECRET, "HS256"
-    )
+    token = make_jwt("carol", ["demo"], time.time() + 3600)
     _, second = await queue_behind_a_held_job(settings, token=token)
-    async with running(settings) as gw:
-        await settle(gw)
-        row = gw.store.job(second)
-    assert row is not None
-    assert row.state == "done"
-    assert ft.STATE.quick == 1
+    await runs_after_restart(settings, second)

@@ -20,7 +20,7 @@ from gateway.context import ToolContext
 from gateway.server import Gateway
 from protocol.codec import SERVER_MAX_DEPTH, decode_server, encode_json
 from protocol.errors import DecodeError
-from tests.support import Peer, peer, running, settings_for
+from tests.support import Peer, own_catalog, peer, running, settings_for
 
 TOOLS = """
 tools:
@@ -130,15 +130,9 @@ def quick(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
 
 @asynccontextmanager
 async def serve(tmp_path: Path) -> AsyncIterator[Gateway]:
-    (tmp_path / "tools.yaml").write_text(TOOLS)
-    (tmp_path / "profiles.yaml").write_text(PROFILES)
     settings = settings_for(
         tmp_path,
-        catalog={
-            "tools": [tmp_path / "tools.yaml"],
-            "profiles": [tmp_path / "profiles.yaml"],
-            "hot_reload": False,
-        },
+        catalog=own_catalog(tmp_path, TOOLS, PROFILES),
         server={"port": 0, "heartbeat_interval": 0, "max_message_bytes": MAX_FRAME},
     )
     async with running(settings) as gw:

@@ -11,7 +11,7 @@ from typing import Any
 
 from gateway.context import ToolContext
 from gateway.hooks import CallInfo, Deny
-from tests.support import peer, running, settings_for
+from tests.support import own_catalog, peer, running, settings_for
 
 TOOLS = """
 tools:
@@ -53,15 +53,9 @@ async def slow_hook(info: CallInfo) -> Deny | None:
 async def _run(tmp_path: Path, tool: str) -> dict[str, Any]:
     RAN.clear()
     HOOK.update(entered=asyncio.Event(), go=asyncio.Event())
-    (tmp_path / "tools.yaml").write_text(TOOLS)
-    (tmp_path / "profiles.yaml").write_text(PROFILES)
     settings = settings_for(
         tmp_path,
-        catalog={
-            "tools": [tmp_path / "tools.yaml"],
-            "profiles": [tmp_path / "profiles.yaml"],
-            "hot_reload": False,
-        },
+        catalog=own_catalog(tmp_path, TOOLS, PROFILES),
         calls={"pre_hooks": ["tests.gateway.test_attacks_waits:slow_hook"]},
     )
     async with running(settings) as gw, peer(gw, context={"project_id": "p1"}) as p:

@@ -17,7 +17,6 @@ from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 from typing import Any
 
-import jwt
 import pytest
 import yaml
 from websockets.exceptions import ConnectionClosed
@@ -27,19 +26,19 @@ from gateway.context import ToolContext
 from gateway.server import Gateway
 from tests.gateway import tools_for_tests as tt
 from tests.support import (
+    JWT_SECRET,
     MS,
     WAIT,
     Peer,
     closed,
     dropped,
+    make_jwt,
     park_signal,
     peer,
     resume_fields,
     running,
     settings_for,
 )
-
-JWT_SECRET = "a-test-only-hs256-secret-of-32-bytes-or-more!"
 
 TOOLS = """
 tools:
@@ -130,11 +129,6 @@ async def serve(tmp: Path, **sections: Any) -> AsyncIterator[Gateway]:
             tt.STATE.release.set()
             for event in tt.STATE.job_release.values():
                 event.set()
-
-
-def token(sub: str, profiles: list[str], exp: float) -> str:
-    """An HS256 JWT for ``sub`` granting ``profiles``, expiring at ``exp`` (Unix s)."""
-    return jwt.encode({"sub": sub, "profiles": profiles, "exp": exp}, JWT_SECRET, "HS256")
 
 
 def jwt_auth(**extra: Any) -> dict[str, Any]:
@@ -270,7 +264,7 @@ async def test_case_f19_expiring_jwt_is_warned_then_closed_and_nothing_runs(
     at exp; the pending gated call never runs; the expired JWT cannot resume."""
     async with serve(tmp_path, auth=jwt_auth(expiry_warning=3.0)) as gw:
         exp = int(time.time()) + 4  # the server is up: the clock starts now
-        async with peer(gw, token=token("ana", ["demo"], exp)) as p:
+        async with peer(gw, token=make_jwt("ana", ["demo"], exp)) as p:
             await gated_start(p, "c1")
             warning = await seen_or_expect(p, "auth.expiring")
             assert warning["expires_at"] == exp
@@ -287,7 +281,7 @@ async def test_case_f19_expiring_jwt_is_warned_then_closed_and_nothing_runs(
                 await again.send(
                     {
                         "type": "hello",
-                        "token": token("ana", ["demo"], exp),
+                        "token": make_jwt("ana", ["demo"], exp),
                         "profile": "demo",
                         **resume_fields(p, 0),
                     }
@@ -304,7 +298,7 @@ async def test_s6_allow_after_the_lapse_is_denied_credential_expired(tmp_path: P
     exp = time.time() + 300
     async with (
         serve(tmp_path, auth=jwt_auth()) as gw,
-        peer(gw, token=token("ana", ["demo"], exp)) as p,
+        peer(gw, token=make_jwt("ana", ["demo"], exp)) as p,
     ):
         approval_id = await gated_start(p, "c1")
         # The server's clock jumps past exp; its close timer has not fired yet.
@@ -321,12 +315,12 @@ async def test_s6_refresh_keeps_the_session_past_the_first_exp(tmp_path: Path) -
     auth = jwt_auth(expiry_warning=2.5)
     async with serve(tmp_path, auth=auth, calls={"approval_timeout": 3.5}) as gw:
         first_exp = int(time.time()) + 3  # the server is up: the clock starts now
-        async with peer(gw, token=token("ana", ["demo"], first_exp)) as p:
+        async with peer(gw, token=make_jwt("ana", ["demo"], first_exp)) as p:
             await gated_start(p, "c1")  # its approval times out after first_exp
             await seen_or_expect(p, "auth.expiring", expires_at=first_exp)
             later = int(time.time()) + 300
             await p.send(
-                {"type": "auth.refresh", "id": "a1", "token": token("ana", ["demo"], later)}
+                {"type": "auth.refresh", "id": "a1", "token": make_jwt("ana", ["demo"], later)}
             )
             assert await p.expect("auth.refreshed", id="a1") == {
                 "type": "auth.refreshed",
@@ -347,12 +341,12 @@ async def test_s6_refresh_refusals_keep_the_old_credential(tmp_path: Path) -> No
     exp = time.time() + 300
     async with (
         serve(tmp_path, auth=jwt_auth()) as gw,
-        peer(gw, token=token("ana", ["demo"], exp)) as p,
+        peer(gw, token=make_jwt("ana", ["demo"], exp)) as p,
     ):
         cases = [
             ("a1", "not-a-jwt", "auth_failed"),
-            ("a2", token("bea", ["demo"], exp), "principal_mismatch"),
-            ("a3", token("ana", ["readonly"], exp), "profile_denied"),
+            ("a2", make_jwt("bea", ["demo"], exp), "principal_mismatch"),
+            ("a3", make_jwt("ana", ["readonly"], exp), "profile_denied"),
         ]
         for request_id, credential, code in cases:
             await p.send({"type": "auth.refresh", "id": request_id, "token": credential})
@@ -368,10 +362,10 @@ async def test_case_f19_resume_with_a_jwt_granting_no_profile_is_profile_denied(
     """SPEC S6 (F19b): a resume with a JWT of the same user that grants no profile is
     refused profile_denied + 4003, exactly as a fresh hello with that JWT is."""
     exp = time.time() + 300
-    bare = token("ana", [], exp)
+    bare = make_jwt("ana", [], exp)
     async with serve(tmp_path, auth=jwt_auth()) as gw:
         parked = park_signal(gw)
-        async with peer(gw, token=token("ana", ["demo"], exp)) as p:
+        async with peer(gw, token=make_jwt("ana", ["demo"], exp)) as p:
             await dropped(p, parked)
         answers = []
         for fields in (resume_fields(p, 0), {}):

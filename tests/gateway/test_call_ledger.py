@@ -8,9 +8,7 @@ counted by the lines the handlers append to a file, which also survives a restar
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
-from asyncio.subprocess import PIPE
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -27,7 +25,7 @@ from gateway.store import LedgerRow, SqliteStore, StoreUnavailable
 from protocol import messages as m
 from protocol.errors import ErrorCode
 from tests.gateway import ledger_tools as lt
-from tests.support import WAIT, Peer, peer, running, settings_for
+from tests.support import WAIT, Peer, peer, running, script_server, settings_for
 from toolbus.script import run_file
 
 CHARGE = {"amount": 100}
@@ -48,6 +46,22 @@ async def ledger_gateway(tmp: Path, **sections: Any) -> AsyncIterator[Gateway]:
             lt.GATE.jobs.set()
 
 
+@asynccontextmanager
+async def proxied_bus(gw: Gateway) -> AsyncIterator[tuple[lt.TcpProxy, toolbus.Client]]:
+    """A Python client (alice, profile demo, fast backoff) connected to ``gw`` through a
+    :class:`~tests.gateway.ledger_tools.TcpProxy` the test can cut; the proxy is closed
+    after the client."""
+    proxy = await lt.TcpProxy(gw.port).start()
+    backoff = toolbus.Backoff(initial=0.05, cap=0.2)
+    try:
+        async with toolbus.connect(
+            proxy.url, token="alice-token", profile="demo", backoff=backoff
+        ) as bus:
+            yield proxy, bus
+    finally:
+        await proxy.close()
+
+
 async def wait_until(condition: Any, what: str) -> None:
     """Poll a condition of the server's state (not a sleep ordering events)."""
     async with asyncio.timeout(WAIT):
@@ -65,38 +79,31 @@ async def test_case_f16_resend_after_failed_resume_runs_the_charge_once(tmp_path
     1 s resume window; the Python client reconnects, gets resumed: false, re-sends its
     waiting invoke, and gets the first run's result; the charge ran once."""
     async with ledger_gateway(tmp_path, sessions={"resume_window": 1.0}) as gw:
-        proxy = await lt.TcpProxy(gw.port).start()
-        backoff = toolbus.Backoff(initial=0.05, cap=0.2)
-        try:
-            async with toolbus.connect(
-                proxy.url, token="alice-token", profile="demo", backoff=backoff
-            ) as bus:
-                first_session = bus.session_id
-                call = asyncio.ensure_future(bus.invoke("charge", CHARGE, call_id="pay-1"))
-                await wait_started()
-                proxy.cut()
-                down_at = time.monotonic()
-                # While the path is down the parked session expires and the first run
-                # ends (awaited as states, not timed); the path stays down the case's 4 s.
-                await wait_until(lambda: gw.sessions.get(first_session) is None, "expiry")
-                async with asyncio.timeout(WAIT):
-                    assert await asyncio.to_thread(lt.GATE.finished.wait, WAIT)
-                await asyncio.sleep(max(0.0, OUTAGE - (time.monotonic() - down_at)))
-                assert not bus.connected
-                proxy.restore()
-                async with asyncio.timeout(WAIT):
-                    result = await call
-                assert bus.welcome is not None
-                assert bus.welcome.resumed is False
-                assert bus.session_id != first_session
-                assert isinstance(result, m.Result)
-                assert (result.call_id, result.tool, result.result) == (
-                    "pay-1",
-                    "charge",
-                    {"charged": 100},
-                )
-        finally:
-            await proxy.close()
+        async with proxied_bus(gw) as (proxy, bus):
+            first_session = bus.session_id
+            call = asyncio.ensure_future(bus.invoke("charge", CHARGE, call_id="pay-1"))
+            await wait_started()
+            proxy.cut()
+            down_at = time.monotonic()
+            # While the path is down the parked session expires and the first run
+            # ends (awaited as states, not timed); the path stays down the case's 4 s.
+            await wait_until(lambda: gw.sessions.get(first_session) is None, "expiry")
+            async with asyncio.timeout(WAIT):
+                assert await asyncio.to_thread(lt.GATE.finished.wait, WAIT)
+            await asyncio.sleep(max(0.0, OUTAGE - (time.monotonic() - down_at)))
+            assert not bus.connected
+            proxy.restore()
+            async with asyncio.timeout(WAIT):
+                result = await call
+            assert bus.welcome is not None
+            assert bus.welcome.resumed is False
+            assert bus.session_id != first_session
+            assert isinstance(result, m.Result)
+            assert (result.call_id, result.tool, result.result) == (
+                "pay-1",
+                "charge",
+                {"charged": 100},
+            )
         assert lt.runs(gw.settings.data_dir) == ["pay-1 100"]
 
 
@@ -104,30 +111,23 @@ async def test_i15_resend_while_running_attaches_to_the_running_call(tmp_path: P
     """SPEC I15: a re-send from the principal's next session while the first run is still
     going attaches to it: the one run's result reaches the new session; nothing re-runs."""
     async with ledger_gateway(tmp_path, sessions={"resume_window": 0.2}) as gw:
-        proxy = await lt.TcpProxy(gw.port).start()
-        backoff = toolbus.Backoff(initial=0.05, cap=0.2)
-        try:
-            async with toolbus.connect(
-                proxy.url, token="alice-token", profile="demo", backoff=backoff
-            ) as bus:
-                first_session = bus.session_id
-                call = asyncio.ensure_future(bus.invoke("held_charge", CHARGE, call_id="pay-2"))
-                await wait_started()
-                proxy.cut()
-                await wait_until(lambda: gw.sessions.get(first_session) is None, "expiry")
-                proxy.restore()
-                second = lambda: bus.session_id != first_session  # noqa: E731
-                await wait_until(lambda: second() and bus.connected, "new session")
-                live = gw.pipeline.ledger._live[("", "alice", "pay-2")]
-                await wait_until(lambda: bus.session_id in live.waiters, "attached")
-                assert not call.done()
-                lt.GATE.release.set()
-                async with asyncio.timeout(WAIT):
-                    result = await call
-                assert isinstance(result, m.Result)
-                assert result.result == {"charged": 100}
-        finally:
-            await proxy.close()
+        async with proxied_bus(gw) as (proxy, bus):
+            first_session = bus.session_id
+            call = asyncio.ensure_future(bus.invoke("held_charge", CHARGE, call_id="pay-2"))
+            await wait_started()
+            proxy.cut()
+            await wait_until(lambda: gw.sessions.get(first_session) is None, "expiry")
+            proxy.restore()
+            second = lambda: bus.session_id != first_session  # noqa: E731
+            await wait_until(lambda: second() and bus.connected, "new session")
+            live = gw.pipeline.ledger._live[("", "alice", "pay-2")]
+            await wait_until(lambda: bus.session_id in live.waiters, "attached")
+            assert not call.done()
+            lt.GATE.release.set()
+            async with asyncio.timeout(WAIT):
+                result = await call
+            assert isinstance(result, m.Result)
+            assert result.result == {"charged": 100}
         assert lt.runs(gw.settings.data_dir) == ["pay-2 100"]
 
 
@@ -230,28 +230,18 @@ async def test_i15_call_cut_off_by_a_crash_answers_cancelled_and_never_reruns(
     """SPEC I15: a call running when the server process was SIGKILLed answers the
     restart's `cancelled` to a re-send from a new session of the next server; the tool
     does not run again (its ledger row was durable before the handler started)."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", SERVER_SCRIPT, str(tmp_path), stdout=PIPE, cwd=ROOT
-    )
     settings = lt.ledger_settings(tmp_path)
-    try:
-        assert proc.stdout is not None
-        async with asyncio.timeout(WAIT):
-            port = int(await proc.stdout.readline())
-        async with connect(f"ws://127.0.0.1:{port}/", subprotocols=[SUB]) as ws:
-            a = Peer(ws)
-            await a.hello()
-            await a.invoke("r1", "held_charge", CHARGE)
-            await a.expect("tool_start", call_id="r1")
-            await wait_until(lambda: lt.runs(settings.data_dir) == ["r1 100"], "run")
-            proc.kill()
-            async with asyncio.timeout(WAIT):
-                await proc.wait()
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-    assert proc.returncode == -9
+    async with (
+        script_server(SERVER_SCRIPT, str(tmp_path)) as first,
+        connect(f"ws://127.0.0.1:{first.port}/", subprotocols=[SUB]) as ws,
+    ):
+        a = Peer(ws)
+        await a.hello()
+        await a.invoke("r1", "held_charge", CHARGE)
+        await a.expect("tool_start", call_id="r1")
+        await wait_until(lambda: lt.runs(settings.data_dir) == ["r1 100"], "run")
+        await first.crash()
+    assert first.proc.returncode == -9
     lt.reset()
     async with running(settings) as gw, peer(gw) as b:
         await b.invoke("r1", "held_charge", CHARGE)
@@ -303,34 +293,29 @@ async def test_i15_python_client_learns_the_job_of_a_dispatch_it_never_saw(
     and the session expires; the re-sent invoke gets the recorded `dispatched` in the new
     session, and the client follows that job to its end through `job.get` (its events
     went to the lost session). The job ran once."""
-    async with ledger_gateway(tmp_path, sessions={"resume_window": 0.2}) as gw:
-        proxy = await lt.TcpProxy(gw.port).start()
-        backoff = toolbus.Backoff(initial=0.05, cap=0.2)
-        try:
-            async with toolbus.connect(
-                proxy.url, token="alice-token", profile="demo", backoff=backoff
-            ) as bus:
-                first_session = bus.session_id
-                proxy.cut_before = b'"type":"dispatched"'
-                call = asyncio.ensure_future(bus.invoke("good_job", {}, call_id="job-1"))
-                await wait_until(lambda: proxy.down, "cut")
-                await wait_until(lambda: gw.sessions.get(first_session) is None, "expiry")
-                proxy.restore()
-                async with asyncio.timeout(WAIT):
-                    handle = await call
-                assert isinstance(handle, toolbus.JobHandle)
-                assert bus.session_id != first_session
-                lt.GATE.jobs.set()
-                outcome = await handle.result(timeout=WAIT)
-                assert (outcome.state, outcome.summary, outcome.result) == (
-                    m.JobState.DONE,
-                    "fine",
-                    {"n": 7},
-                )
-                jobs = gw.store.jobs("alice", None, None, 10)
-                assert [(j.job_id, j.call_id) for j in jobs] == [(handle.job_id, "job-1")]
-        finally:
-            await proxy.close()
+    async with (
+        ledger_gateway(tmp_path, sessions={"resume_window": 0.2}) as gw,
+        proxied_bus(gw) as (proxy, bus),
+    ):
+        first_session = bus.session_id
+        proxy.cut_before = b'"type":"dispatched"'
+        call = asyncio.ensure_future(bus.invoke("good_job", {}, call_id="job-1"))
+        await wait_until(lambda: proxy.down, "cut")
+        await wait_until(lambda: gw.sessions.get(first_session) is None, "expiry")
+        proxy.restore()
+        async with asyncio.timeout(WAIT):
+            handle = await call
+        assert isinstance(handle, toolbus.JobHandle)
+        assert bus.session_id != first_session
+        lt.GATE.jobs.set()
+        outcome = await handle.result(timeout=WAIT)
+        assert (outcome.state, outcome.summary, outcome.result) == (
+            m.JobState.DONE,
+            "fine",
+            {"n": 7},
+        )
+        jobs = gw.store.jobs("alice", None, None, 10)
+        assert [(j.job_id, j.call_id) for j in jobs] == [(handle.job_id, "job-1")]
 
 
 async def test_i15_call_id_running_in_another_process_is_refused_not_run(

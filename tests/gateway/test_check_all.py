@@ -6,7 +6,6 @@ subprocesses and real mounted MCP servers (``tests/mcp/fault_server.py``).
 from __future__ import annotations
 
 import logging
-import os
 import subprocess
 import sys
 import threading
@@ -18,7 +17,7 @@ import yaml
 
 from catalog.loader import load_catalog
 from gateway.mcp.probe import probe_mounts
-from tests.support import WAIT
+from tests.support import WAIT, clean_env, run_toolbus
 
 FAULT_SERVER = Path(__file__).resolve().parents[1] / "mcp" / "fault_server.py"
 BANNER = "Starting default (STDIO) server..."
@@ -38,16 +37,9 @@ BROKEN_TOOL = {
 
 
 def _toolbus(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLBUS_")}
+    env = clean_env()
     env.pop("CHECK_ALL_UNSET", None)
-    return subprocess.run(
-        [sys.executable, "-m", "gateway.cli", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-    )
+    return run_toolbus(*args, cwd=cwd, env=env)
 
 
 def _config(tmp: Path, tools: list[dict[str, Any]], mounts: list[dict[str, Any]]) -> Path:

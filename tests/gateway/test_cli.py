@@ -6,7 +6,6 @@ import asyncio
 import json
 import os
 import signal
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from websockets.exceptions import ConnectionClosed
 
 from gateway.auth import hash_token
 from gateway.cli import main
+from tests.support import spawn_serve
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -104,19 +104,8 @@ def test_token_mints_hash_only(tmp_path: Path, capsys: pytest.CaptureFixture[str
 async def test_serve_prints_url_and_token_then_drains(tmp_path: Path) -> None:
     """SPEC O1/S4: `toolbus serve` prints URL and dev token; SIGTERM drains with 1012."""
     env = {**os.environ, "TOOLBUS_CATALOG__HOT_RELOAD": "false"}
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "gateway.cli",
-        "serve",
-        "--port",
-        "0",
-        "--data-dir",
-        str(tmp_path / "data"),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.DEVNULL,
-        env=env,
-        cwd=tmp_path,
+    proc = await spawn_serve(
+        "--port", "0", "--data-dir", str(tmp_path / "data"), cwd=tmp_path, env=env
     )
     try:
         await _serve_session(proc, tmp_path)

@@ -6,8 +6,6 @@ Each test runs the real command in a subprocess on a catalog written to ``tmp_pa
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +14,7 @@ import pytest
 import yaml
 
 from tests.catalog.conftest import ANTHROPIC, CHAT, REALTIME
+from tests.support import run_toolbus
 
 F18_PARAMS: dict[str, Any] = {
     "type": "object",
@@ -50,22 +49,10 @@ def write_catalog(folder: Path, parameters: dict[str, Any]) -> tuple[Path, Path]
     return config, tools
 
 
-def toolbus(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    """Run ``toolbus ARGS`` (``python -m gateway.cli``) and capture its output."""
-    return subprocess.run(
-        [sys.executable, "-m", "gateway.cli", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-
-
 def test_case_f18_check_reports_the_adaptation(tmp_path: Path) -> None:
     """SPEC C4/O1, F18: check names the tool, every format and the rule, and passes."""
     config, tools = write_catalog(tmp_path, F18_PARAMS)
-    run = toolbus("check", "--config", str(config), cwd=tmp_path)
+    run = run_toolbus("check", "--config", str(config), cwd=tmp_path)
     formats = "openai-realtime, openai-chat, anthropic, mcp"
     assert run.stdout == f"note: {tools}: {NOTE.format(formats=formats)}\nok: 1 tool, 1 profile\n"
     assert (run.returncode, run.stderr) == (0, "")
@@ -105,7 +92,7 @@ def validate_published(fmt: str, entry: dict[str, Any]) -> None:
 def test_case_f18_every_export_is_accepted(tmp_path: Path, fmt: str) -> None:
     """SPEC C4, F18: each export carries no root oneOf, states it in the description."""
     config, tools = write_catalog(tmp_path, F18_PARAMS)
-    run = toolbus(
+    run = run_toolbus(
         "catalog", "--config", str(config), "--profile", "p", "--format", fmt, cwd=tmp_path
     )
     assert run.returncode == 0, run.stderr
@@ -119,7 +106,7 @@ def test_case_f18_strict_chat_export_is_non_strict(tmp_path: Path) -> None:
     """SPEC C4, F18: with --strict the F18 tool is sent strict: false, each rule named."""
     config, _ = write_catalog(tmp_path, F18_PARAMS)
     args = ("catalog", "--config", str(config), "--profile", "p", "--format", "openai-chat")
-    run = toolbus(*args, "--strict", cwd=tmp_path)
+    run = run_toolbus(*args, "--strict", cwd=tmp_path)
     [entry] = json.loads(run.stdout)
     assert entry["function"]["strict"] is False
     assert CHAT.validate_python(entry) == entry
@@ -136,7 +123,7 @@ UNADAPTABLE = {
 def test_case_f18_unadaptable_root_fails_check(tmp_path: Path) -> None:
     """SPEC C4/O1, F18: a root oneOf saying more than required names fails check."""
     config, tools = write_catalog(tmp_path, UNADAPTABLE)
-    run = toolbus("check", "--config", str(config), cwd=tmp_path)
+    run = run_toolbus("check", "--config", str(config), cwd=tmp_path)
     assert (run.returncode, run.stdout) == (1, "")
     assert run.stderr.startswith(
         f"error: {tools}: get_event: openai-realtime, openai-chat, anthropic, mcp: "
@@ -148,7 +135,7 @@ def test_case_f18_unadaptable_root_fails_check(tmp_path: Path) -> None:
 def test_case_f18_unadaptable_root_prints_no_export(tmp_path: Path, fmt: str) -> None:
     """SPEC C4, F18: no list the provider would reject whole is printed; exit 1."""
     config, tools = write_catalog(tmp_path, UNADAPTABLE)
-    run = toolbus(
+    run = run_toolbus(
         "catalog", "--config", str(config), "--profile", "p", "--format", fmt, cwd=tmp_path
     )
     assert (run.returncode, run.stdout) == (1, "")

@@ -11,7 +11,6 @@ from typing import Any
 
 import tests.gateway.fair_tools as ft
 from tests.gateway.fair_tools import (
-    client,
     http_get,
     serve,
     server_process,
@@ -19,7 +18,7 @@ from tests.gateway.fair_tools import (
     write_config,
 )
 from tests.gateway.tools_for_tests import first_terminal
-from tests.support import WAIT, Peer, peer
+from tests.support import WAIT, Peer, peer, peer_at
 
 QUICK_BOUND = 1.0
 """Seconds a quick call may take while others hold threads: far above its normal
@@ -222,8 +221,8 @@ async def test_case_f23_blocked_loop_is_logged_with_tool_and_stack(tmp_path: Pat
     config = write_config(tmp_path, server={"loop_stall_threshold": 0.5})
     async with (
         server_process(config) as srv,
-        client(srv.url, token="alice-token") as alice,
-        client(srv.url, token="bob-token") as bob,
+        peer_at(srv.url, token="alice-token") as alice,
+        peer_at(srv.url, token="bob-token") as bob,
     ):
         await alice.invoke("s1", "stall", {"seconds": 1.5})
         begins = await srv.record(lambda r: r.get("msg") == "stall begins")

@@ -13,9 +13,9 @@ from websockets.exceptions import ConnectionClosed
 
 import tests.gateway.fair_tools as ft
 from gateway.config import load_settings
-from tests.gateway.fair_tools import client, seen_or_next, server_process, write_config
+from tests.gateway.fair_tools import seen_or_next, server_process, write_config
 from tests.gateway.tools_for_tests import first_terminal
-from tests.support import WAIT, Peer, peer, running, settings_for
+from tests.support import WAIT, Peer, peer, peer_at, running, settings_for
 
 
 async def dispatch(p: Peer, call_id: str, tool: str, params: dict[str, Any]) -> str:
@@ -45,7 +45,7 @@ async def test_case_f29_drain_waits_for_a_threaded_handler(tmp_path: Path) -> No
     effect; the drain waits for it, the job is reported ``done`` before the 1012 close,
     the side effect exists, and the restarted server says ``done`` too."""
     config = write_config(tmp_path, server={"drain_grace": WAIT})
-    async with server_process(config) as srv, client(srv.url) as p:
+    async with server_process(config) as srv, peer_at(srv.url) as p:
         job_id = await dispatch(p, "e1", "effect_job", {"seconds": 1.0})
         await seen_or_next(p, "job.progress", job_id=job_id)  # the handler runs now
         srv.proc.send_signal(signal.SIGTERM)
@@ -76,7 +76,7 @@ async def test_f29_past_the_grace_the_job_is_interrupted_and_never_lands(
     ``failed`` ``interrupted``, and it dies with the process: its side effect never lands
     after that report (the process does not wait for its 30 s sleep)."""
     config = write_config(tmp_path, server={"drain_grace": 0.2})
-    async with server_process(config) as srv, client(srv.url) as p:
+    async with server_process(config) as srv, peer_at(srv.url) as p:
         job_id = await dispatch(p, "e1", "effect_job", {"seconds": 30})
         await seen_or_next(p, "job.progress", job_id=job_id)
         srv.proc.send_signal(signal.SIGTERM)
@@ -98,7 +98,7 @@ async def test_case_f31_queued_jobs_run_after_a_crash(tmp_path: Path) -> None:
     ``kill -9`` while the first runs; after the restart the first ends ``failed``
     ``interrupted`` and the two that never started run to ``done``, each tool run once."""
     config = write_config(tmp_path, jobs={"max_per_session": 1})
-    async with server_process(config) as srv, client(srv.url) as p:
+    async with server_process(config) as srv, peer_at(srv.url) as p:
         first = await dispatch(p, "o1", "once_job", {"n": 1, "hold": True})
         second = await dispatch(p, "o2", "once_job", {"n": 2, "hold": False})
         third = await dispatch(p, "o3", "once_job", {"n": 3, "hold": False})
@@ -139,7 +139,7 @@ async def test_j6_a_queued_job_that_cannot_run_says_it_never_started(tmp_path: P
     """SPEC J6: after a crash, a queued job whose tool left the catalog is reported
     ``failed`` ``not_started``, never ``interrupted``; the one that ran is interrupted."""
     config = write_config(tmp_path, jobs={"max_per_session": 1})
-    async with server_process(config) as srv, client(srv.url) as p:
+    async with server_process(config) as srv, peer_at(srv.url) as p:
         first = await dispatch(p, "o1", "once_job", {"n": 1, "hold": True})
         second = await dispatch(p, "o2", "once_job", {"n": 2, "hold": False})
         await seen_or_next(p, "job.progress", job_id=first)

@@ -10,7 +10,7 @@ import pytest
 
 from gateway.context import ToolContext
 from tests.pg_support import store_backend  # noqa: F401 (fixture: SQLite, PostgreSQL)
-from tests.support import peer, running, settings_for
+from tests.support import own_catalog, peer, running, settings_for
 
 TOOLS = """
 tools:
@@ -46,16 +46,10 @@ async def test_restart_reruns_idempotent_and_fails_the_rest(tmp_path: Path) -> N
     """SPEC J5: after a drain and a new start on the same store, the idempotent job runs again
     under its own id and completes; the other is reported failed ("interrupted")."""
     global RELEASE
-    (tmp_path / "tools.yaml").write_text(TOOLS)
-    (tmp_path / "profiles.yaml").write_text(PROFILES)
     RUNS.clear()
     settings = settings_for(
         tmp_path,
-        catalog={
-            "tools": [tmp_path / "tools.yaml"],
-            "profiles": [tmp_path / "profiles.yaml"],
-            "hot_reload": False,
-        },
+        catalog=own_catalog(tmp_path, TOOLS, PROFILES),
     )
     RELEASE = asyncio.Event()
     async with running(settings) as gw, peer(gw) as p:

@@ -3,24 +3,18 @@
 
 from __future__ import annotations
 
-import asyncio
-import sys
 from collections import Counter
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
-from websockets.asyncio.client import connect
 
 from gateway.config import DEMO_DIR, Settings
 from gateway.demo import handlers
 from gateway.server import Gateway
 from tests.pg_support import store_backend  # noqa: F401 (fixture: SQLite, PostgreSQL)
-from tests.support import WAIT, Peer, peer, running, settings_for
+from tests.support import Peer, peer, peer_at, running, script_server, settings_for
 
-ROOT = Path(__file__).resolve().parents[2]
 CONVERT = {"value": 1, "from_unit": "m", "to_unit": "cm"}
 
 # ``report`` is idempotent, so SPEC J5 lets a restart run it again; this twin is not, so a
@@ -68,14 +62,6 @@ async def main() -> None:
 
 asyncio.run(main())
 """
-
-
-@asynccontextmanager
-async def client(url: str, **hello: Any) -> AsyncIterator[Peer]:
-    async with connect(url, subprotocols=["toolbus.v1"], max_size=None) as ws:  # type: ignore[list-item]
-        p = Peer(ws)
-        await p.hello(**hello)
-        yield p
 
 
 async def before_restart(p: Peer) -> dict[str, Any]:
@@ -171,27 +157,12 @@ async def test_restart_after_drain_resumes_without_loss(
 async def test_restart_after_crash_resumes_without_loss(tmp_path: Path) -> None:
     """RESTART / SPEC D3, J5: the server process is SIGKILLed; a new server on the same
     data_dir resumes the session: the same guarantees as after a drain."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-c",
-        SERVER_SCRIPT,
-        str(tmp_path),
-        stdout=asyncio.subprocess.PIPE,
-        cwd=ROOT,
-    )
-    try:
-        assert proc.stdout is not None
-        async with asyncio.timeout(WAIT):
-            port = int(await proc.stdout.readline())
-        async with client(f"ws://127.0.0.1:{port}/") as p:
-            state = await before_restart(p)
-            proc.kill()
-            async with asyncio.timeout(WAIT):
-                await proc.wait()
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-    assert proc.returncode == -9
+    async with (
+        script_server(SERVER_SCRIPT, str(tmp_path)) as first,
+        peer_at(f"ws://127.0.0.1:{first.port}/") as p,
+    ):
+        state = await before_restart(p)
+        await first.crash()
+    assert first.proc.returncode == -9
     async with running(restart_settings(tmp_path)) as second:
         await after_restart(second, p, state)

@@ -8,15 +8,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-import jwt
 import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
 from gateway.server import Gateway
-from tests.support import MS, WAIT, Peer, closed, peer, running, settings_for
-
-JWT_SECRET = "a-test-only-hs256-secret-of-32-bytes-or-more!"
+from tests.support import JWT_SECRET, MS, WAIT, Peer, closed, make_jwt, peer, running, settings_for
 
 
 async def refused(gateway: Gateway, url: str | None = None, **kwargs: Any) -> InvalidStatus:
@@ -211,8 +208,7 @@ async def test_credentials_in_url_query_refused_400(gateway: Gateway, query: str
 
 
 def _jwt(sub: str, profiles: list[str], exp_in: float) -> str:
-    claims = {"sub": sub, "profiles": profiles, "exp": int(time.time() + exp_in)}
-    return jwt.encode(claims, JWT_SECRET, algorithm="HS256")
+    return make_jwt(sub, profiles, int(time.time() + exp_in))
 
 
 async def test_jwt_hs256_accepted_and_expired_refused(tmp_path: Path) -> None:

@@ -13,7 +13,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +22,7 @@ import yaml
 from websockets.asyncio.client import connect
 
 from gateway.cli import main
+from tests.support import clean_env, run_toolbus, spawn_serve
 
 TIMEOUT = 60.0
 """Seconds a `toolbus` subprocess may take to exit before the test fails."""
@@ -82,14 +82,7 @@ def _folder(tmp_path: Path, **config: object) -> Path:
 
 def _toolbus(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     """Run ``toolbus ARGS`` to its end (it must not start serving)."""
-    return subprocess.run(
-        [sys.executable, "-m", "gateway.cli", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-        env={k: v for k, v in os.environ.items() if not k.startswith("TOOLBUS_")},
-    )
+    return run_toolbus(*args, cwd=cwd, env=clean_env(), timeout=TIMEOUT)
 
 
 @pytest.fixture
@@ -123,6 +116,14 @@ def _refused(result: subprocess.CompletedProcess[str], message: str) -> None:
     assert result.returncode == 1
 
 
+def _both_refuse(config: Path, cwd: Path, problem: str) -> None:
+    """`serve` refuses to start naming ``problem`` (see :func:`_refused`) and `check`
+    reports it as its one ``error:`` line, exit 1 (SPEC O5)."""
+    _refused(_toolbus("serve", "--config", str(config), cwd=cwd), problem)
+    check = _toolbus("check", "--config", str(config), cwd=cwd)
+    assert (check.returncode, check.stdout, check.stderr) == (1, "", f"error: {problem}\n")
+
+
 def test_case_f24_port_in_use(tmp_path: Path, busy_port: int) -> None:
     """SPEC O5, F24: a port in use is named with the key, no traceback, exit 1."""
     config = _folder(tmp_path, server={"port": busy_port})
@@ -143,9 +144,7 @@ def test_case_f24_handler_module_missing(tmp_path: Path) -> None:
         f"{tools}: ping: handler: handler 'no_such_module:ping': importing 'no_such_module' "
         "failed: ModuleNotFoundError: No module named 'no_such_module'"
     )
-    _refused(_toolbus("serve", "--config", str(config), cwd=tmp_path), problem)
-    check = _toolbus("check", "--config", str(config), cwd=tmp_path)
-    assert (check.returncode, check.stdout, check.stderr) == (1, "", f"error: {problem}\n")
+    _both_refuse(config, tmp_path, problem)
 
 
 def test_case_f24_handler_module_calls_sys_exit(tmp_path: Path) -> None:
@@ -158,9 +157,7 @@ def test_case_f24_handler_module_calls_sys_exit(tmp_path: Path) -> None:
     problem = (
         f"{tools}: ping: handler: handler 'exits:ping': importing 'exits' failed: SystemExit: 3"
     )
-    _refused(_toolbus("serve", "--config", str(config), cwd=tmp_path), problem)
-    check = _toolbus("check", "--config", str(config), cwd=tmp_path)
-    assert (check.returncode, check.stdout, check.stderr) == (1, "", f"error: {problem}\n")
+    _both_refuse(config, tmp_path, problem)
 
 
 def test_case_f24_hook_does_not_import(tmp_path: Path) -> None:
@@ -171,9 +168,7 @@ def test_case_f24_hook_does_not_import(tmp_path: Path) -> None:
         "calls.pre_hooks[1]: hook 'nohooks.here:deny' cannot be imported: importing "
         "'nohooks.here' failed: ModuleNotFoundError: No module named 'nohooks'"
     )
-    _refused(_toolbus("serve", "--config", str(config), cwd=tmp_path), problem)
-    check = _toolbus("check", "--config", str(config), cwd=tmp_path)
-    assert (check.returncode, check.stdout, check.stderr) == (1, "", f"error: {problem}\n")
+    _both_refuse(config, tmp_path, problem)
 
 
 def test_case_f24_data_folder_is_a_file(tmp_path: Path) -> None:
@@ -181,13 +176,7 @@ def test_case_f24_data_folder_is_a_file(tmp_path: Path) -> None:
     config = _folder(tmp_path)
     data = tmp_path / "data"
     data.write_text("not a folder\n")
-    _refused(
-        _toolbus("serve", "--config", str(config), cwd=tmp_path),
-        f"data_dir {data}: is a file, not a folder",
-    )
-    check = _toolbus("check", "--config", str(config), cwd=tmp_path)
-    expected = (1, "", f"error: data_dir {data}: is a file, not a folder\n")
-    assert (check.returncode, check.stdout, check.stderr) == expected
+    _both_refuse(config, tmp_path, f"data_dir {data}: is a file, not a folder")
     assert data.read_text() == "not a folder\n"
 
 
@@ -195,28 +184,16 @@ def test_case_f24_data_folder_unwritable(tmp_path: Path, read_only_dir: Path) ->
     """SPEC O5, F24: an unwritable data folder (read-only mount, so root cannot write
     either) is named; nothing is created in it; `check` reports it too."""
     config = _folder(tmp_path, data_dir=str(read_only_dir))
-    _refused(
-        _toolbus("serve", "--config", str(config), cwd=tmp_path),
-        f"data_dir {read_only_dir}: not writable",
-    )
-    check = _toolbus("check", "--config", str(config), cwd=tmp_path)
-    expected = (1, "", f"error: data_dir {read_only_dir}: not writable\n")
-    assert (check.returncode, check.stdout, check.stderr) == expected
+    _both_refuse(config, tmp_path, f"data_dir {read_only_dir}: not writable")
     assert list(read_only_dir.iterdir()) == []
 
 
 def test_case_f24_data_folder_cannot_be_created(tmp_path: Path, read_only_dir: Path) -> None:
     """SPEC O5, F24: a data folder that would have to be created on a read-only mount."""
     config = _folder(tmp_path, data_dir=str(read_only_dir / "data"))
-    _refused(
-        _toolbus("serve", "--config", str(config), cwd=tmp_path),
-        f"data_dir {read_only_dir / 'data'}: cannot create it: Read-only file system",
-    )
-    check = _toolbus("check", "--config", str(config), cwd=tmp_path)
     # check names it in serve's words: it tries the creation (and undoes it), SPEC O5
     problem = f"data_dir {read_only_dir / 'data'}: cannot create it: Read-only file system"
-    expected = (1, "", f"error: {problem}\n")
-    assert (check.returncode, check.stdout, check.stderr) == expected
+    _both_refuse(config, tmp_path, problem)
 
 
 def test_case_f24_every_problem_listed_by_check(tmp_path: Path) -> None:
@@ -327,18 +304,7 @@ def test_config_out_of_range_from_env_and_flags(
 
 async def _start_serve(config: Path, cwd: Path) -> tuple[asyncio.subprocess.Process, str, str]:
     """Start `toolbus serve`; return the process, its URL and its dev token."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "gateway.cli",
-        "serve",
-        "--config",
-        str(config),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.DEVNULL,
-        cwd=cwd,
-        env={k: v for k, v in os.environ.items() if not k.startswith("TOOLBUS_")},
-    )
+    proc = await spawn_serve("--config", str(config), cwd=cwd)
     assert proc.stdout is not None
     async with asyncio.timeout(TIMEOUT):
         url = (await proc.stdout.readline()).decode().split()[3]

@@ -355,6 +355,16 @@ PRAGMA user_version=1;
 """
 
 
+def _old_session_takes_a_ref(store: Store) -> None:
+    """Session ``s1`` of a migrated schema-1 store reads ``credential_ref`` ``None``
+    (re-validated as revoked, SPEC S6) and stores ``"r"`` once given one."""
+    loaded = store.load_session("s1")
+    assert loaded is not None
+    assert (loaded.user, loaded.credential_ref) == ("alice", None)
+    store.stage_session(replace(loaded, credential_ref="r"))
+    store.commit()
+
+
 def test_sqlite_store_of_schema_1_gains_the_credential_ref_column(tmp_path: Path) -> None:
     """SPEC S6, D6, O5: a schema-1 store opens (additive migration to version 2), keeps
     its sessions, whose missing reference reads ``None`` (re-validated as revoked)."""
@@ -362,11 +372,7 @@ def test_sqlite_store_of_schema_1_gains_the_credential_ref_column(tmp_path: Path
     with sqlite3.connect(path) as db:
         db.executescript(_V1_SESSIONS_SQLITE)
     store = SqliteStore(path)
-    loaded = store.load_session("s1")
-    assert loaded is not None
-    assert (loaded.user, loaded.credential_ref) == ("alice", None)
-    store.stage_session(replace(loaded, credential_ref="r"))
-    store.commit()
+    _old_session_takes_a_ref(store)
     store.close()
     with sqlite3.connect(path) as db:
         assert db.execute("PRAGMA user_version").fetchone() == (SQLITE_SCHEMA_VERSION,)
@@ -389,11 +395,7 @@ def test_pg_store_of_schema_1_gains_the_credential_ref_column(pg_url: str) -> No
             "'[]', 0, 0, 0, 1.5, NULL, 'v1')"
         )
     store = PgStore(pg_url)
-    loaded = store.load_session("s1")
-    assert loaded is not None
-    assert (loaded.user, loaded.credential_ref) == ("alice", None)
-    store.stage_session(replace(loaded, credential_ref="r"))
-    store.commit()
+    _old_session_takes_a_ref(store)
     assert [row.credential_ref for row in store.all_sessions()] == ["r"]
     store.close()
     with psycopg.connect(pg_url, autocommit=True) as db:

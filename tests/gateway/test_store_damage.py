@@ -12,7 +12,6 @@ import asyncio
 import logging
 import os
 import sqlite3
-import sys
 from pathlib import Path
 from typing import Any, cast
 
@@ -34,6 +33,7 @@ from tests.support import (
     running,
     sequenced,
     settings_for,
+    spawn_serve,
 )
 
 
@@ -215,19 +215,14 @@ async def test_case_f32_truncated_store_stops_serve_with_one_line(tmp_path: Path
     traceback, and the file is left as it was."""
     settings, db = await _stopped_store(tmp_path)
     os.truncate(db, 0)
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "gateway.cli",
-        "serve",
+    proc = await spawn_serve(
         "--port",
         "0",
         "--data-dir",
         str(settings.data_dir),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, "TOOLBUS_CATALOG__HOT_RELOAD": "false"},
         cwd=tmp_path,
+        env={**os.environ, "TOOLBUS_CATALOG__HOT_RELOAD": "false"},
+        stderr=asyncio.subprocess.PIPE,
     )
     async with asyncio.timeout(WAIT * 3):
         out, err = await proc.communicate()

@@ -4,10 +4,8 @@ state lives in the database, not in the data folder; a newer schema is refused."
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import psycopg
@@ -19,9 +17,8 @@ from gateway.pg_link import redact
 from gateway.pg_schema import SCHEMA_VERSION
 from gateway.store_pg import PgStore
 from tests.pg_support import pg_url  # noqa: F401 (fixture)
-from tests.support import WAIT, Peer, write_token_file
+from tests.support import ROOT, WAIT, Peer, clean_env, spawn_serve, toolbus_argv, write_token_file
 
-ROOT = Path(__file__).resolve().parents[2]
 CONVERT = {"value": 1, "from_unit": "m", "to_unit": "cm"}
 START = 60.0
 """Seconds a `toolbus serve` may take to start: imports take seconds on a loaded machine."""
@@ -45,23 +42,20 @@ def _config(folder: Path, url: str, data: str) -> Path:
     return path
 
 
-def _env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith("TOOLBUS_")}
+def _serve_once(config: Path) -> subprocess.CompletedProcess[str]:
+    """Run `toolbus serve` expecting it to stop at once; its exit code and output."""
+    return subprocess.run(
+        toolbus_argv("serve", "--config", str(config)),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=START,
+        env=clean_env(),
+    )
 
 
 async def _serve(config: Path) -> tuple[asyncio.subprocess.Process, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "gateway.cli",
-        "serve",
-        "--config",
-        str(config),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.DEVNULL,
-        cwd=ROOT,
-        env=_env(),
-    )
+    proc = await spawn_serve("--config", str(config))
     assert proc.stdout is not None
     async with asyncio.timeout(START):
         url = (await proc.stdout.readline()).decode().split()[3]
@@ -119,21 +113,7 @@ def test_serve_refuses_a_database_schema_newer_than_the_code(
     PgStore(pg_url).close()
     with psycopg.connect(pg_url, autocommit=True) as db:
         db.execute("INSERT INTO toolbus_schema (version) VALUES (%s)", (SCHEMA_VERSION + 1,))
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gateway.cli",
-            "serve",
-            "--config",
-            str(_config(tmp_path, pg_url, "d")),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=START,
-        env=_env(),
-    )
+    result = _serve_once(_config(tmp_path, pg_url, "d"))
     assert "Traceback" not in result.stderr
     assert result.returncode == 1
     assert result.stderr == (
@@ -146,21 +126,7 @@ def test_serve_refuses_a_database_schema_newer_than_the_code(
 def test_serve_with_an_unreachable_database_is_one_line(tmp_path: Path) -> None:
     """SPEC N1, O5: a store URL nothing answers at stops `serve` with one line, exit 1."""
     url = "postgresql://postgres@127.0.0.1:1/test"
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gateway.cli",
-            "serve",
-            "--config",
-            str(_config(tmp_path, url, "u")),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=START,
-        env=_env(),
-    )
+    result = _serve_once(_config(tmp_path, url, "u"))
     assert "Traceback" not in result.stderr
     assert result.returncode == 1
     assert result.stderr.startswith(

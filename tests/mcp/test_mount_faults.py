@@ -30,6 +30,23 @@ def _text_result(text: str, structured: Any) -> dict[str, Any]:
     }
 
 
+async def _steps_job(
+    tmp_path: Path, override: dict[str, Any], count: int
+) -> tuple[toolbus.JobOutcome, list[m.JobProgress]]:
+    """Run the fault server's ``steps`` tool (with this ``steps`` override, progress sent
+    at once) for ``count`` steps; it must become a job. Its outcome and the
+    ``job.progress`` events the client got (SPEC M3)."""
+    mount = fault_mount(tmp_path, tools={"steps": override})
+    settings = mcp_settings(tmp_path, [mount], jobs={"progress_interval": 0})
+    events: list[Any] = []
+    async with running(settings) as gw, client(gw, on_job_event=events.append) as bus:
+        await has_tools(bus, "f_steps")
+        handle = await bus.invoke("f_steps", {"count": count})
+        assert isinstance(handle, toolbus.JobHandle)
+        outcome = await handle.result(timeout=WAIT)
+    return outcome, [e for e in events if isinstance(e, m.JobProgress)]
+
+
 async def test_mounted_tools_enter_the_catalog_with_annotation_defaults(tmp_path: Path) -> None:
     """SPEC M1, C3: tools appear under the prefix and capability; destructiveHint makes a
     tool dangerous and gated, readOnlyHint/idempotentHint carry over."""
@@ -134,20 +151,12 @@ async def test_is_error_becomes_handler_error_with_the_servers_text(tmp_path: Pa
 
 async def test_progress_becomes_job_progress_for_an_async_override(tmp_path: Path) -> None:
     """SPEC M1 overrides, M3: ``mode: async`` makes a job; MCP progress is job.progress."""
-    mount = fault_mount(
-        tmp_path, tools={"steps": {"mode": "async", "dispatch_message": "Counting."}}
-    )
-    settings = mcp_settings(tmp_path, [mount], jobs={"progress_interval": 0})
-    events: list[Any] = []
-    async with running(settings) as gw, client(gw, on_job_event=events.append) as bus:
-        await has_tools(bus, "f_steps")
-        handle = await bus.invoke("f_steps", {"count": 3})
-        assert isinstance(handle, toolbus.JobHandle)
-        outcome = await handle.result(timeout=WAIT)
-        assert outcome.ok
-        assert outcome.summary == "3 steps"
-        progress = [(e.progress, e.message) for e in events if isinstance(e, m.JobProgress)]
-        assert progress == [(1 / 3, "step 1"), (2 / 3, "step 2"), (1.0, "step 3")]
+    override = {"mode": "async", "dispatch_message": "Counting."}
+    outcome, events = await _steps_job(tmp_path, override, 3)
+    assert outcome.ok
+    assert outcome.summary == "3 steps"
+    progress = [(e.progress, e.message) for e in events]
+    assert progress == [(1 / 3, "step 1"), (2 / 3, "step 2"), (1.0, "step 3")]
 
 
 async def test_call_cancel_reaches_the_mcp_server(tmp_path: Path) -> None:
@@ -336,14 +345,7 @@ async def test_timeout_override_cancels_the_mcp_request(tmp_path: Path) -> None:
 async def test_promote_after_override_makes_a_job_with_progress(tmp_path: Path) -> None:
     """SPEC M1 overrides, I14, M3: past ``promote_after`` a sync MCP call becomes a job;
     its later MCP progress is ``job.progress`` and its result ``job.done``."""
-    mount = fault_mount(tmp_path, tools={"steps": {"promote_after": 0.001}})
-    settings = mcp_settings(tmp_path, [mount], jobs={"progress_interval": 0})
-    events: list[Any] = []
-    async with running(settings) as gw, client(gw, on_job_event=events.append) as bus:
-        await has_tools(bus, "f_steps")
-        handle = await bus.invoke("f_steps", {"count": 5})
-        assert isinstance(handle, toolbus.JobHandle)
-        outcome = await handle.result(timeout=WAIT)
-        assert outcome.ok
-        assert outcome.summary == "5 steps"
-        assert [e.message for e in events if isinstance(e, m.JobProgress)][-1] == "step 5"
+    outcome, events = await _steps_job(tmp_path, {"promote_after": 0.001}, 5)
+    assert outcome.ok
+    assert outcome.summary == "5 steps"
+    assert [e.message for e in events][-1] == "step 5"
