@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from catalog.model import ToolDef
@@ -49,12 +49,10 @@ class Call:
     tool: ToolDef | None = None
     approval: dict[str, Any] | None = None
     job_id: str | None = None
-    cancel_requested: bool = False
     approval_id: str | None = None
     """The approval this call waits on, while it waits."""
     executing: bool = False
     """Its handler started: an expiring session no longer cancels it (SPEC I15)."""
-    audit_extra: dict[str, Any] = field(default_factory=dict)
 
 
 class CallEnd:

@@ -89,16 +89,12 @@ class ConnectionHandler:
         self.ws = ws
         cfg = parts.server
         self.state = Connection(time.monotonic(), cfg.hello_timeout, cfg.max_depth)
-        self.link = Link(ws, cfg.max_outbound_bytes, self._on_overflow)
+        self.link = Link(ws, cfg.max_outbound_bytes)
         self.session: Session | None = None
         self.log: logging.LoggerAdapter[logging.Logger] = logging.LoggerAdapter(logger, {})
         self._closing: asyncio.Task[None] | None = None
         self._debug = logger.isEnabledFor(logging.DEBUG)
         """Cached once per connection: the receive loop is the hot path."""
-
-    def _on_overflow(self) -> None:
-        """A slow consumer is closed 1013 (SPEC D5); counted with every close in
-        :meth:`_count_close`."""
 
     # -- lifecycle -----------------------------------------------------------------------
 

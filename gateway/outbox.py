@@ -74,16 +74,12 @@ class Link:
     Args:
         ws: the server-side connection.
         max_bytes: bytes that may wait in the queue; past it the socket closes 1013.
-        on_overflow: called once when the socket is closed as a slow consumer.
     """
 
-    def __init__(
-        self, ws: ServerConnection, max_bytes: int, on_overflow: Callable[[], None]
-    ) -> None:
+    def __init__(self, ws: ServerConnection, max_bytes: int) -> None:
         self.ws = ws
         self.max_bytes = max_bytes
         self.closed = False
-        self._on_overflow = on_overflow
         self._queue: deque[bytes | Replay] = deque()
         self._queued_bytes = 0
         self._wakeup = asyncio.Event()
@@ -256,7 +252,6 @@ class Link:
         if self.closed:
             return
         logger.warning("closing slow consumer: %s", why)
-        self._on_overflow()
         self.close(CloseCode.TRY_AGAIN_LATER, close_reason(f"slow consumer: {why}"))
 
     async def _drain(self) -> None:

@@ -76,6 +76,21 @@ class Pipeline:
         task = asyncio.get_running_loop().create_task(self.run(call, msg.catalog_version))
         session.inflight[call.call_id] = task
         self._call_state[(session.id, call.call_id)] = call
+        task.add_done_callback(lambda done: self._reap(call, done))
+
+    def _reap(self, call: Call, task: asyncio.Task[None]) -> None:
+        """The call's task is done. A task cancelled before its first step never runs
+        :meth:`run` (no ``except``, no ``finally``): an ``invoke`` and its ``call.cancel``
+        or ``bye`` in one batch of frames. The call still ends ``cancelled`` (SPEC I8,
+        I16; a no-op when it already ended) and its per-session state is freed (F33)."""
+        session = call.session
+        if task.cancelled():
+            text = "the call was cancelled"
+            self.end.error(call, ErrorCode.CANCELLED, text, CallOutcome.CANCELLED)
+        if session.inflight.get(call.call_id) is task:
+            del session.inflight[call.call_id]
+        if self._call_state.get((session.id, call.call_id)) is call:
+            del self._call_state[(session.id, call.call_id)]
 
     def tracked_calls(self) -> int:
         """Calls this pipeline tracks now, over all sessions (case F33)."""
@@ -87,7 +102,6 @@ class Pipeline:
         call = self._call_state.get((session.id, call_id))
         if task is None or call is None:
             return False
-        call.cancel_requested = True
         if call.approval_id is not None:
             # SPEC A4: settled now, so a confirm in the same batch of frames finds it
             # decided (cancelled) instead of allowing a call that is being cancelled.

@@ -506,3 +506,22 @@ async def test_i12_resend_before_the_terminal_is_committed(tmp_path: Path) -> No
         assert await p.terminal("c1") == first
         assert first["result"] == {"x": 1}
         assert tt.STATE.calls == {}
+
+
+async def test_i8_cancel_in_the_tick_of_the_invoke_still_ends_the_call(tmp_path: Path) -> None:
+    """SPEC I8, I16, case F33: a call cancelled before its task took a first step (an
+    ``invoke`` and its ``call.cancel`` in one batch of frames) still ends with exactly
+    one ``cancelled`` terminal, and its per-session state and ledger entry are freed."""
+    async with serve(tmp_path) as gw, peer(gw) as p:
+        session = gw.sessions.get(p.welcome["session_id"])
+        assert session is not None
+        gw.pipeline.accept(session, m.Invoke(call_id="c1", tool="echo"))
+        assert gw.pipeline.cancel(session, "c1")  # no await in between
+        err = await p.terminal("c1")
+        assert (err["code"], err["message"]) == ("cancelled", "the call was cancelled")
+        await p.invoke("c2", "echo", {"note": "x"})
+        await p.terminal("c2")
+        assert [msg["type"] for msg in for_call(p, "c1")] == ["call.error"]
+        assert session.inflight == {}
+        assert gw.pipeline.tracked_calls() == 0
+        assert gw.pipeline.ledger._live == {}
