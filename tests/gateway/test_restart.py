@@ -13,9 +13,7 @@ from gateway.config import DEMO_DIR, Settings
 from gateway.demo import handlers
 from gateway.server import Gateway
 from tests.pg_support import store_backend  # noqa: F401 (fixture: SQLite, PostgreSQL)
-from tests.support import Peer, peer, peer_at, running, script_server, settings_for
-
-CONVERT = {"value": 1, "from_unit": "m", "to_unit": "cm"}
+from tests.support import CONVERT, Peer, peer, peer_at, running, script_server, settings_for
 
 # ``report`` is idempotent, so SPEC J5 lets a restart run it again; this twin is not, so a
 # restart must report it failed.

@@ -12,6 +12,7 @@ from gateway.store_pg import PgStore
 from tests.gateway.test_store_backends import terminate
 from tests.pg_support import pg_url  # noqa: F401 (fixture)
 from tests.support import (
+    CONVERT,
     MS,
     WAIT,
     Peer,
@@ -23,8 +24,6 @@ from tests.support import (
     running,
     settings_for,
 )
-
-CONVERT = {"value": 1, "from_unit": "m", "to_unit": "cm"}
 
 
 async def _answer(p: Peer, call_id: str) -> dict[str, Any]:

@@ -17,9 +17,17 @@ from gateway.pg_link import redact
 from gateway.pg_schema import SCHEMA_VERSION
 from gateway.store_pg import PgStore
 from tests.pg_support import pg_url  # noqa: F401 (fixture)
-from tests.support import ROOT, WAIT, Peer, clean_env, spawn_serve, toolbus_argv, write_token_file
+from tests.support import (
+    CONVERT,
+    ROOT,
+    WAIT,
+    Peer,
+    clean_env,
+    spawn_serve,
+    toolbus_argv,
+    write_token_file,
+)
 
-CONVERT = {"value": 1, "from_unit": "m", "to_unit": "cm"}
 START = 60.0
 """Seconds a `toolbus serve` may take to start: imports take seconds on a loaded machine."""
 
