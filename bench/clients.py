@@ -84,9 +84,11 @@ class FloorClient:
 class ToolbusClient:
     """One toolbus session over a raw socket: ``invoke`` until the terminal ``result``.
 
-    ``tool_start`` (SPEC A6) and other events before the result are read and counted;
-    a gated ``tool_start`` is answered ``tool.confirm allow`` at once (P7). Every
-    :data:`ACK_EVERY` durable events the client sends a cumulative ``ack``.
+    Its ``hello`` asks for ``tool_start`` of gated calls only (option ``tool_start:
+    gated``, SPEC A6), as a client that acts on no other does; a gated ``tool_start``
+    is answered ``tool.confirm allow`` at once (P7), and other events before the
+    result are read and counted. Every :data:`ACK_EVERY` durable events the client
+    sends a cumulative ``ack``.
     """
 
     def __init__(self, ws: ClientConnection, welcome: dict[str, Any], ack: bool = True) -> None:
@@ -100,6 +102,7 @@ class ToolbusClient:
 
     @classmethod
     async def open(cls, url: str, ack: bool = True, **hello: Any) -> ToolbusClient:
+        hello.setdefault("options", {"tool_start": "gated"})
         ws = await ws_connect(url, ["toolbus.v1"])
         await ws.send(
             orjson.dumps({"type": "hello", "token": TOKEN, "profile": PROFILE, **hello}).decode()
@@ -342,7 +345,8 @@ async def job_pushes(
 
 async def make_backlog(url: str, invokes: int, window: int = 100) -> tuple[ToolbusClient, int]:
     """A session with ``2 * invokes`` unacknowledged events after its catalog."""
-    client = await ToolbusClient.open(url, ack=False)
+    # tool_start of every call: two events per invoke, as P6 has always measured.
+    client = await ToolbusClient.open(url, ack=False, options={"tool_start": "all"})
     ws = client.ws
     sent = 0
     while sent < invokes:

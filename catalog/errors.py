@@ -70,6 +70,10 @@ def unknown_key(key: str, allowed: Iterable[str]) -> str:
         e.g. ``"timout: unknown key (did you mean timeout?); allowed: a, b, ..."``.
     """
     names = sorted(allowed)
-    close = difflib.get_close_matches(key, names, n=1)
-    hint = f" (did you mean {close[0]}?)" if close else ""
-    return f"{key}: unknown key{hint}; allowed: {', '.join(names)}"
+    return f"{key}: unknown key{did_you_mean(key, names)}; allowed: {', '.join(names)}"
+
+
+def did_you_mean(key: str, allowed: Iterable[str]) -> str:
+    """``" (did you mean NAME?)"`` with the allowed name closest to ``key``, or ``""``."""
+    close = difflib.get_close_matches(key, sorted(allowed), n=1)
+    return f" (did you mean {close[0]}?)" if close else ""

@@ -24,12 +24,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import Strict, TypeAdapter, ValidationError
 
 from catalog.errors import CatalogError, LoadIssue
 from catalog.mcp_mounts import MountSpec, parse_mounts
 from catalog.model import Catalog, Profile, ToolDef
 from catalog.profiles import ProfilesDoc, check_grants, parse_profiles, profile_label
+from catalog.shapes import Shape, Text, problems, says
 from catalog.tooldefs import parse_tool
 from catalog.yamlio import YamlError, read_yaml
 
@@ -37,7 +40,27 @@ __all__ = ["CatalogError", "LoadIssue", "expand_paths", "load_catalog", "load_to
 
 logger = logging.getLogger(__name__)
 
-TOOLS_FILE_KEYS = frozenset({"tools", "guidance", "mcp_servers"})
+
+class ToolsFileShape(Shape):
+    """The top level of a tools file (SPEC C1, M1); each entry is checked on its own."""
+
+    tools: Annotated[list[Any], Strict(), says("must be a list of definitions")] = []
+    guidance: Any = None
+    mcp_servers: Any = None
+
+
+_GUIDANCE: TypeAdapter[dict[str, str]] = TypeAdapter(
+    Annotated[dict[Annotated[str, Strict()], Text], Strict()]
+)
+"""``guidance``: invented tool name -> what to use instead (SPEC I1)."""
+
+_NOT_A_FILE = "a tools file must be a mapping with 'tools', 'guidance'"
+
+
+def _top_level(key: str, allowed: Iterable[str]) -> str:
+    return f"{key}: unknown top-level key; allowed: {', '.join(sorted(allowed))}"
+
+
 YAML_SUFFIXES = (".yaml", ".yml")
 
 
@@ -85,36 +108,55 @@ class _Builder:
                 self.tools[parsed.tool.name] = parsed.tool
 
     def add_guidance(self, raw: Any, source: str) -> None:
-        if not isinstance(raw, Mapping):
-            self.problem(source, None, "guidance: must map tool name -> text")
-            return
-        for name, text in raw.items():
-            if not isinstance(name, str) or not isinstance(text, str) or not text.strip():
-                self.problem(source, None, f"guidance: {name!r} must map to non-empty text")
-            elif name in self.guidance:
+        try:
+            entries = _GUIDANCE.validate_python(raw)
+        except ValidationError as exc:
+            bad = self._guidance_problems(exc, source)
+            if bad is None:
+                return
+            entries = {k: v for k, v in raw.items() if k not in bad}
+        for name, text in entries.items():
+            if name in self.guidance:
                 first = self.guidance[name][1]
                 self.problem(source, None, f"guidance: {name!r} twice: in {first} and {source}")
             else:
                 self.guidance[name] = (text, source)
 
+    def _guidance_problems(self, exc: ValidationError, source: str) -> set[Any] | None:
+        """Report each bad guidance entry; the bad names, or ``None`` for a non-mapping."""
+        bad: set[Any] = set()
+        for error in exc.errors(include_url=False):
+            if not error["loc"]:
+                self.problem(source, None, "guidance: must map tool name -> text")
+                return None
+            name = error["loc"][0]
+            if name not in bad:
+                bad.add(name)
+                self.problem(source, None, f"guidance: {name!r} must map to non-empty text")
+        return bad
+
     def add_tools_document(self, raw: Any, source: str) -> None:
         if raw is None:
             return
-        if not isinstance(raw, Mapping):
-            self.problem(source, None, "a tools file must be a mapping with 'tools', 'guidance'")
-            return
-        for key in sorted(set(map(str, raw)) - TOOLS_FILE_KEYS):
-            allowed = ", ".join(sorted(TOOLS_FILE_KEYS))
-            self.problem(source, None, f"{key}: unknown top-level key; allowed: {allowed}")
-        tools = raw.get("tools", [])
-        if isinstance(tools, list):
-            self.add_tools(tools, source)
-        else:
-            self.problem(source, None, "tools: must be a list of definitions")
-        if "guidance" in raw:
-            self.add_guidance(raw["guidance"], source)
-        if "mcp_servers" in raw:
-            self.add_mounts(raw["mcp_servers"], source)
+        try:
+            shape = ToolsFileShape.model_validate(raw)
+        except ValidationError as exc:
+            found = problems(exc, ToolsFileShape, not_mapping=_NOT_A_FILE, unknown=_top_level)
+            for problem in sorted(found, key=lambda p: (not p.unknown, p.key if p.unknown else "")):
+                self.problem(source, None, problem.text)
+            if not isinstance(raw, Mapping):
+                return
+            # The keys that are fine are still read, so one run shows every problem.
+            bad = {p.key for p in found}
+            good = {
+                k: v for k, v in raw.items() if k in ToolsFileShape.model_fields and k not in bad
+            }
+            shape = ToolsFileShape.model_construct(**good)
+        self.add_tools(shape.tools, source)
+        if "guidance" in shape.model_fields_set:
+            self.add_guidance(shape.guidance, source)
+        if "mcp_servers" in shape.model_fields_set:
+            self.add_mounts(shape.mcp_servers, source)
 
     def add_profiles_document(self, raw: Any, source: str) -> None:
         doc = parse_profiles(raw, source)

@@ -29,17 +29,36 @@ secrets never enter the catalog, its exports or a log line.
 from __future__ import annotations
 
 import fnmatch
-import math
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import (
+    AfterValidator,
+    Field,
+    Strict,
+    StringConstraints,
+    ValidationError,
+    WrapValidator,
+    field_validator,
+)
 
 from catalog.errors import LoadIssue, unknown_key
 from catalog.handlers import HANDLER_PATH
+from catalog.shapes import (
+    NON_EMPTY,
+    Names,
+    OptionalText,
+    Shape,
+    in_document_order,
+    problems,
+    refuse,
+    says,
+)
 from catalog.tooldefs import TOOL_NAME, from_mcp_tool
 
 SERVER_NAME = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
@@ -125,94 +144,111 @@ class MountSpec:
         return not self.include or any(fnmatch.fnmatchcase(mcp_name, p) for p in self.include)
 
 
-class _Bad(ValueError):
-    pass
+def _override_message(value: Any, handler: Callable[[Any], Any]) -> Any:
+    try:
+        return handler(value)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        if not first["loc"]:
+            raise refuse("must be a mapping of tool keys") from None
+        raise refuse(unknown_key(str(first["loc"][0]), OVERRIDE_KEYS)) from None
 
 
-def _strings(value: Any, what: str) -> tuple[str, ...]:
-    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-        raise _Bad(f"{what}: must be a list of non-empty strings")
-    return tuple(value)
+class OverridesShape(Shape):
+    """``defaults`` or ``tools.<name>``: tool definition keys, checked once the tool is
+    known (:func:`tool_definition`, then :func:`catalog.tooldefs.parse_tool`)."""
+
+    requires_approval: Any = None
+    dangerous: Any = None
+    mode: Any = None
+    timeout: Any = None
+    long_running: Any = None
+    promote_after: Any = None
+    dispatch_message: Any = None
+    idempotent: Any = None
+    read_only: Any = None
+    sensitive: Any = None
+    category: Any = None
+    description: Any = None
+    visibility: Any = None
 
 
-def _string_map(value: Any, what: str) -> Mapping[str, str]:
-    if not isinstance(value, Mapping) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
-    ):
-        raise _Bad(f"{what}: must map names to strings")
-    return MappingProxyType(dict(value))
+Overrides = Annotated[OverridesShape, WrapValidator(_override_message)]
 
 
-def _seconds(value: Any, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise _Bad(f"{what}: must be a number of seconds")
-    if value <= 0:
-        raise _Bad(f"{what}: must be positive")
-    return float(value)
-
-
-def _overrides(value: Any, what: str) -> Mapping[str, Any]:
+def _per_tool(value: Any, handler: Callable[[Any], Any]) -> Any:
+    """Name the MCP tool in a bad override: ``tools.NAME: ...``."""
     if not isinstance(value, Mapping):
-        raise _Bad(f"{what}: must be a mapping of tool keys")
-    for key in value:
-        if str(key) not in OVERRIDE_KEYS:
-            raise _Bad(f"{what}: " + unknown_key(str(key), OVERRIDE_KEYS))
-    return MappingProxyType(dict(value))
+        raise refuse("must map MCP tool names to overrides")
+    try:
+        return handler({str(k): v for k, v in value.items()})
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        raise refuse(f"tools.{first['loc'][0]}: {first['msg']}", whole=True) from None
 
 
-def _per_tool(value: Any) -> Mapping[str, Mapping[str, Any]]:
-    if not isinstance(value, Mapping):
-        raise _Bad("tools: must map MCP tool names to overrides")
-    return MappingProxyType({str(k): _overrides(v, f"tools.{k}") for k, v in value.items()})
+def _http_url(value: Any) -> str:
+    if isinstance(value, str) and value.strip():
+        return "must be an http:// or https:// URL (Streamable HTTP)"
+    return NON_EMPTY
 
 
-_SCALARS: dict[str, Any] = {
-    "command": lambda v: _text(v, "command"),
-    "args": lambda v: _strings(v, "args"),
-    "env": lambda v: _string_map(v, "env"),
-    "url": lambda v: _url(v),
-    "headers": lambda v: _string_map(v, "headers"),
-    "prefix": lambda v: _prefix(v),
-    "capability": lambda v: _text(v, "capability"),
-    "include": lambda v: _strings(v, "include"),
-    "exclude": lambda v: _strings(v, "exclude"),
-    "defaults": lambda v: _overrides(v, "defaults"),
-    "tools": _per_tool,
-    "connect_timeout": lambda v: _seconds(v, "connect_timeout"),
-    "health_interval": lambda v: _seconds(v, "health_interval"),
-    "backoff_initial": lambda v: _seconds(v, "backoff_initial"),
-    "backoff_max": lambda v: _seconds(v, "backoff_max"),
-    "sampling": lambda v: _sampler(v),
-}
-"""Key -> parser for one ``mcp_servers`` entry (besides ``name`` and ``cwd``)."""
-
-_FIELD = {"tools": "overrides"}
-
-
-def _text(value: Any, what: str) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise _Bad(f"{what}: must be a non-empty string")
-    return value
-
-
-def _sampler(value: Any) -> str:
-    path = _text(value, "sampling")
+def _is_handler_path(path: str) -> str:
     if not HANDLER_PATH.match(path):
-        raise _Bad(f"sampling: {path!r} is not a 'module:function' path")
+        raise refuse(f"{path!r} is not a 'module:function' path")
     return path
 
 
-def _prefix(value: Any) -> str:
-    if not isinstance(value, str):
-        raise _Bad("prefix: must be a string ('' mounts the tools under their own names)")
-    return value
+StringMap = Annotated[
+    dict[Annotated[str, Strict()], Annotated[str, Strict()]],
+    Strict(),
+    says("must map names to strings"),
+]
+Interval = Annotated[
+    float,
+    Field(strict=True, allow_inf_nan=False, gt=0),
+    says("must be a number of seconds", greater_than="must be positive"),
+]
 
 
-def _url(value: Any) -> str:
-    url = _text(value, "url")
-    if not url.startswith(("http://", "https://")):
-        raise _Bad("url: must be an http:// or https:// URL (Streamable HTTP)")
-    return url
+class MountShape(Shape):
+    """One ``mcp_servers`` entry as written (SPEC M1); :class:`MountSpec` documents each
+    key. Which keys go together (stdio or HTTP) is :func:`_combination`'s check."""
+
+    name: Annotated[str, StringConstraints(strict=True, pattern=SERVER_NAME.pattern)]
+    command: OptionalText = None
+    args: Names = []
+    env: StringMap = {}
+    cwd: Annotated[
+        Annotated[str, StringConstraints(strict=True, min_length=1)] | None,
+        says("must be a folder path"),
+    ] = None
+    url: Annotated[
+        Annotated[str, StringConstraints(strict=True, pattern=r"^https?://")] | None,
+        says(_http_url),
+    ] = None
+    headers: StringMap = {}
+    prefix: Annotated[
+        str, Strict(), says("must be a string ('' mounts the tools under their own names)")
+    ] = ""
+    capability: OptionalText = None
+    include: Names = []
+    exclude: Names = []
+    defaults: Overrides = OverridesShape()
+    tools: Annotated[dict[str, Overrides], WrapValidator(_per_tool)] = {}
+    connect_timeout: Interval = 10.0
+    health_interval: Interval = 15.0
+    backoff_initial: Interval = 0.5
+    backoff_max: Interval = 30.0
+    sampling: Annotated[OptionalText, AfterValidator(lambda v: v and _is_handler_path(v))] = None
+
+    @field_validator("command", "url", "capability", "sampling", mode="before")
+    @classmethod
+    def _not_null(cls, value: Any) -> Any:
+        """These keys may be left out, not written as null."""
+        if value is None:
+            raise refuse(NON_EMPTY)
+        return value
 
 
 def parse_mounts(raw: Any, source: str) -> tuple[list[MountSpec], list[LoadIssue]]:
@@ -244,38 +280,71 @@ def _parse_one(entry: Any, source: str, index: int) -> tuple[MountSpec | None, l
     name = entry.get("name")
     if not isinstance(name, str) or not SERVER_NAME.match(name):
         return None, [f"name: {name!r} must match {SERVER_NAME.pattern}"]
-    values: dict[str, Any] = {}
+    try:
+        shape = MountShape.model_validate(entry)
+    except ValidationError as exc:
+        found = problems(exc, MountShape, not_mapping="")
+        bad = {p.key for p in found}
+        given = {str(key) for key in entry} - bad
+        late = [p.text for p in found if p.key == "cwd"]
+        texts = in_document_order([p for p in found if p.key != "cwd"], entry)
+        texts += _combination(given, set(map(str, entry))) + late
+        prefix = entry.get("prefix", f"{name}_") if "prefix" in given else f"{name}_"
+        return MountSpec(name=name, source=source), texts + _prefix_problem(prefix)
+    return _spec(shape, source, entry)
+
+
+def _combination(given: set[str], written: set[str]) -> list[str]:
+    """Keys that cannot go together: one transport, and each key for its own."""
     problems: list[str] = []
-    for key, value in entry.items():
-        key = str(key)
-        if key in ("name", "cwd"):
-            continue
-        parser = _SCALARS.get(key)
-        if parser is None:
-            problems.append(unknown_key(key, {"name", "cwd", *_SCALARS}))
-            continue
-        try:
-            values[_FIELD.get(key, key)] = parser(value)
-        except _Bad as exc:
-            problems.append(str(exc))
-    if ("command" in values) == ("url" in values):
+    if ("command" in given) == ("url" in given):
         problems.append("exactly one of command (stdio) or url (Streamable HTTP) is required")
-    stdio_only = {"args", "env"} & set(values) | ({"cwd"} & set(map(str, entry)))
-    if "url" in values and stdio_only:
+    stdio_only = {"args", "env"} & given | ({"cwd"} & written)
+    if "url" in given and stdio_only:
         problems.append(f"{', '.join(sorted(stdio_only))}: only for stdio servers (command)")
-    if "command" in values and "headers" in values:
+    if "command" in given and "headers" in given:
         problems.append("headers: only for Streamable HTTP servers (url)")
-    cwd = entry.get("cwd")
-    if cwd is not None:
-        if not isinstance(cwd, str) or not cwd:
-            problems.append("cwd: must be a folder path")
-        else:
-            values["cwd"] = str((Path(source).parent / cwd).resolve())
-    values.setdefault("prefix", f"{name}_")
-    values.setdefault("capability", name)
-    if not re.fullmatch(r"[A-Za-z0-9_-]*", values["prefix"]):
-        problems.append("prefix: may only hold letters, digits, _ and -")
-    return MountSpec(name=name, source=source, **values), problems
+    return problems
+
+
+def _prefix_problem(prefix: str) -> list[str]:
+    if re.fullmatch(r"[A-Za-z0-9_-]*", prefix):
+        return []
+    return ["prefix: may only hold letters, digits, _ and -"]
+
+
+def _spec(shape: MountShape, source: str, entry: Mapping[Any, Any]) -> tuple[MountSpec, list[str]]:
+    given = {key for key in shape.model_fields_set if getattr(shape, key) is not None}
+    prefix = shape.prefix if "prefix" in shape.model_fields_set else f"{shape.name}_"
+    problems = _combination(given, set(map(str, entry))) + _prefix_problem(prefix)
+    cwd = None if shape.cwd is None else str((Path(source).parent / shape.cwd).resolve())
+    spec = MountSpec(
+        name=shape.name,
+        source=source,
+        command=shape.command,
+        args=tuple(shape.args),
+        env=MappingProxyType(dict(shape.env)),
+        cwd=cwd,
+        url=shape.url,
+        headers=MappingProxyType(dict(shape.headers)),
+        prefix=prefix,
+        capability=shape.capability or shape.name,
+        include=tuple(shape.include),
+        exclude=tuple(shape.exclude),
+        defaults=_set(shape.defaults),
+        overrides=MappingProxyType({k: _set(v) for k, v in shape.tools.items()}),
+        connect_timeout=shape.connect_timeout,
+        health_interval=shape.health_interval,
+        backoff_initial=shape.backoff_initial,
+        backoff_max=shape.backoff_max,
+        sampling=shape.sampling,
+    )
+    return spec, problems
+
+
+def _set(overrides: OverridesShape) -> Mapping[str, Any]:
+    """Only the keys the file wrote: an unset key must not override an annotation."""
+    return MappingProxyType({key: getattr(overrides, key) for key in overrides.model_fields_set})
 
 
 class UnsetVariable(KeyError):

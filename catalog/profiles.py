@@ -11,47 +11,46 @@ A profiles file is a mapping::
         sandbox: false
         tools: true          # legacy flag
 
-Unknown keys are errors. Names in ``allow_dangerous``, ``auto_approve`` and
+:class:`ProfileShape` and :class:`ProfilesFileShape` are the shapes (pydantic models,
+:mod:`catalog.shapes`): unknown keys are errors. Names in ``allow_dangerous``, ``auto_approve`` and
 ``safe_default`` must be tools of the catalog (typo protection); a dangerous tool in
 ``safe_default`` is dropped and reported, since legacy profiles never get one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
-from catalog.errors import LoadIssue, unknown_key
+from pydantic import Field, Strict, ValidationError
+
+from catalog.errors import LoadIssue
 from catalog.model import Profile, ToolDef
-
-FILE_KEYS = frozenset({"profiles", "safe_default"})
-
-
-class _Bad(ValueError):
-    """A key's value is invalid; the message says why."""
+from catalog.shapes import Flag, Names, Shape, in_document_order, problems, says
 
 
-def _names(value: Any) -> frozenset[str]:
-    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-        raise _Bad("must be a list of non-empty strings")
-    return frozenset(value)
+class ProfileShape(Shape):
+    """One profile as written (SPEC C2); docs/catalog.md describes each key."""
+
+    capabilities: Names = []
+    allow_dangerous: Names = []
+    auto_approve: Names = []
+    sandbox: Flag = False
+    legacy_tools: Flag = Field(default=False, alias="tools")
 
 
-def _flag(value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise _Bad("must be true or false")
-    return value
+class ProfilesFileShape(Shape):
+    """The top level of a profiles file; each profile is checked on its own."""
+
+    safe_default: Names = []
+    profiles: Annotated[
+        dict[Any, Any], Strict(), says("must be a mapping of profile name -> profile")
+    ] = {}
 
 
-_PARSERS: dict[str, tuple[str, Callable[[Any], Any]]] = {
-    "capabilities": ("capabilities", _names),
-    "allow_dangerous": ("allow_dangerous", _names),
-    "auto_approve": ("auto_approve", _names),
-    "sandbox": ("sandbox", _flag),
-    "tools": ("legacy_tools", _flag),
-}
-"""Profile key -> (Profile field, parser). Exactly the keys a profile may use."""
+def _top_level(key: str, allowed: Iterable[str]) -> str:
+    return f"{key}: unknown top-level key; allowed: {', '.join(sorted(allowed))}"
 
 
 def profile_label(name: str) -> str:
@@ -74,24 +73,21 @@ class ProfilesDoc:
 
 def _parse_profile(doc: ProfilesDoc, name: str, raw: Any) -> None:
     who = profile_label(name)
-    if not isinstance(raw, Mapping):
-        doc.problem(who, "a profile must be a mapping")
+    try:
+        shape = ProfileShape.model_validate(raw)
+    except ValidationError as exc:
+        found = problems(exc, ProfileShape, not_mapping="a profile must be a mapping")
+        for text in in_document_order(found, raw if isinstance(raw, Mapping) else {}):
+            doc.problem(who, text)
         return
-    values: dict[str, Any] = {}
-    broken = False
-    for key, value in raw.items():
-        entry = _PARSERS.get(str(key))
-        if entry is None:
-            doc.problem(who, unknown_key(key, _PARSERS))
-            broken = True
-            continue
-        try:
-            values[entry[0]] = entry[1](value)
-        except _Bad as exc:
-            doc.problem(who, f"{key}: {exc}")
-            broken = True
-    if not broken:
-        doc.profiles[name] = Profile(name=name, **values)
+    doc.profiles[name] = Profile(
+        name=name,
+        capabilities=frozenset(shape.capabilities),
+        allow_dangerous=frozenset(shape.allow_dangerous),
+        auto_approve=frozenset(shape.auto_approve),
+        sandbox=shape.sandbox,
+        legacy_tools=shape.legacy_tools,
+    )
 
 
 def parse_profiles(raw: Any, source: str) -> ProfilesDoc:
@@ -108,25 +104,30 @@ def parse_profiles(raw: Any, source: str) -> ProfilesDoc:
     doc = ProfilesDoc(source)
     if raw is None:
         return doc
-    if not isinstance(raw, Mapping):
-        doc.problem(None, "a profiles file must be a mapping with 'profiles' and 'safe_default'")
-        return doc
-    for key in sorted(set(map(str, raw)) - FILE_KEYS):
-        doc.problem(None, f"{key}: unknown top-level key; allowed: {', '.join(sorted(FILE_KEYS))}")
     try:
-        doc.safe_default = tuple(sorted(_names(raw.get("safe_default", []))))
-    except _Bad as exc:
-        doc.problem(None, f"safe_default: {exc}")
-    profiles = raw.get("profiles", {})
-    if not isinstance(profiles, Mapping):
-        doc.problem(None, "profiles: must be a mapping of profile name -> profile")
-        return doc
-    for name, body in profiles.items():
+        shape = ProfilesFileShape.model_validate(raw)
+    except ValidationError as exc:
+        found = problems(exc, ProfilesFileShape, not_mapping=_NOT_A_FILE, unknown=_top_level)
+        for problem in sorted(found, key=lambda p: (not p.unknown, p.key if p.unknown else "")):
+            doc.problem(None, problem.text)
+        bad = {p.key for p in found}
+        if not isinstance(raw, Mapping) or "profiles" in bad:
+            return doc
+        # Unknown keys or a bad safe_default leave the profiles to check (SPEC C2).
+        safe = [] if "safe_default" in bad else raw.get("safe_default", [])
+        shape = ProfilesFileShape.model_construct(
+            safe_default=safe, profiles=raw.get("profiles", {})
+        )
+    doc.safe_default = tuple(sorted(set(shape.safe_default)))
+    for name, body in shape.profiles.items():
         if not isinstance(name, str) or not name:
             doc.problem(None, f"profiles: profile name {name!r} must be a non-empty string")
             continue
         _parse_profile(doc, name, body)
     return doc
+
+
+_NOT_A_FILE = "a profiles file must be a mapping with 'profiles' and 'safe_default'"
 
 
 @dataclass(frozen=True, slots=True)

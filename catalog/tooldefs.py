@@ -1,8 +1,10 @@
 """One tool definition mapping -> :class:`ToolDef`, with every problem reported (SPEC C1).
 
-Each key has a parser in :data:`_PARSERS` (a table, not an if/elif chain); a key not in
-the table is an error (typo protection). After the keys, :func:`_cross_checks` looks at
-combinations (handler vs mode, ``promote_after`` only for sync tools, ...).
+:class:`ToolShape` is the definition's shape, a pydantic model (:mod:`catalog.shapes`):
+a key it lacks is an error with a did-you-mean (typo protection), and each bad value
+is named with its key. After the shape, :func:`check_schema` checks ``parameters``
+against its JSON Schema dialect and :func:`_cross_checks` looks at combinations
+(handler vs mode, ``promote_after`` only for sync tools, ...).
 
 :func:`from_mcp_tool` converts an MCP ``tools/list`` entry (or an OpenAI-style tool
 stored the same way) into a definition mapping, for importing published tools.
@@ -10,23 +12,39 @@ stored the same way) into a definition mapping, for importing published tools.
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 import jsonschema_rs
+from pydantic import StringConstraints, ValidationError, WrapValidator
 
-from catalog.errors import unknown_key
 from catalog.handlers import HANDLER_PATH, HandlerError, resolve_handler
 from catalog.model import EMPTY_PARAMETERS, Mode, ToolDef, Visibility
 from catalog.params import SchemaError, canonical_json, compiled, json_pointer
+from catalog.shapes import (
+    CUSTOM,
+    NON_EMPTY,
+    Flag,
+    Names,
+    OptionalText,
+    Positive,
+    Seconds,
+    Shape,
+    Text,
+    checked,
+    in_document_order,
+    problems,
+    refuse,
+    says,
+)
 
 TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 """Names OpenAI and Anthropic accept; enforced for every tool (SPEC C4)."""
 
 REQUIRED_KEYS = ("name", "description", "capability")
+"""Keys every definition has; :class:`ToolShape` declares them first, in this order."""
 
 
 class _Bad(ValueError):
@@ -42,66 +60,41 @@ class ParsedTool:
     problems: tuple[str, ...]
 
 
-def _text(value: Any) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise _Bad("must be a non-empty string")
-    return value
+def _name_message(value: Any) -> str:
+    if isinstance(value, str) and value.strip():
+        return f"{value!r} must match {TOOL_NAME.pattern} (OpenAI/Anthropic tool names)"
+    return NON_EMPTY
 
 
-def _name(value: Any) -> str:
-    name = _text(value)
-    if not TOOL_NAME.match(name):
-        raise _Bad(f"{name!r} must match {TOOL_NAME.pattern} (OpenAI/Anthropic tool names)")
-    return name
+def _mode_message(value: Any) -> str:
+    return f"must be one of {', '.join(m.value for m in Mode)}, not {value!r}"
 
 
-def _optional_text(value: Any) -> str | None:
-    return None if value is None else _text(value)
+class VisibilityShape(Shape):
+    """``visibility`` of a definition (SPEC C1, I2)."""
+
+    requires_context: Names = []
+    origins: Names = []
+    sandbox_only: Flag = False
 
 
-def _flag(value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise _Bad("must be true or false")
-    return value
-
-
-def _seconds(value: Any, *, allow_zero: bool) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise _Bad("must be a number of seconds or null")
-    if value < 0 or (value == 0 and not allow_zero):
-        raise _Bad("must be " + ("zero or positive" if allow_zero else "positive"))
-    return float(value)
-
-
-def _names(value: Any) -> tuple[str, ...]:
-    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-        raise _Bad("must be a list of non-empty strings")
-    return tuple(value)
-
-
-def _mode(value: Any) -> Mode:
-    try:
-        return Mode(value)
-    except ValueError:
-        raise _Bad(f"must be one of {', '.join(m.value for m in Mode)}, not {value!r}") from None
-
-
-_VISIBILITY_KEYS = {"requires_context", "origins", "sandbox_only"}
-
-
-def _visibility(value: Any) -> Visibility:
+def _visibility_message(value: Any) -> str:
     if not isinstance(value, Mapping):
-        raise _Bad("must be a mapping with requires_context, origins, sandbox_only")
-    unknown = sorted(set(map(str, value)) - _VISIBILITY_KEYS)
-    if unknown:
-        raise _Bad(f"unknown key(s) {', '.join(unknown)}; allowed: {sorted(_VISIBILITY_KEYS)}")
-    return Visibility(
-        requires_context=_names(value.get("requires_context", [])),
-        origins=_names(value.get("origins", [])),
-        sandbox_only=_flag(value.get("sandbox_only", False)),
-    )
+        return "must be a mapping with requires_context, origins, sandbox_only"
+    unknown = sorted(set(map(str, value)) - set(VisibilityShape.allowed_keys()))
+    return f"unknown key(s) {', '.join(unknown)}; allowed: {sorted(VisibilityShape.allowed_keys())}"
+
+
+def _visibility(value: Any, handler: Callable[[Any], Any]) -> Any:
+    """The nested mapping's first problem, in one sentence under ``visibility``."""
+    try:
+        return handler(value)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False)
+        unknown = any(e["type"] in ("extra_forbidden", "invalid_key") for e in errors)
+        if errors[0]["type"] == CUSTOM and not unknown:
+            raise refuse(errors[0]["msg"]) from None
+        raise refuse(_visibility_message(value)) from None
 
 
 def check_schema(value: Any) -> dict[str, Any]:
@@ -155,34 +148,32 @@ def _check_callable(schema: Mapping[str, Any]) -> None:
         )
 
 
-_PARSERS: dict[str, Callable[[Any], Any]] = {
-    "name": _name,
-    "description": _text,
-    "parameters": check_schema,
-    "capability": _text,
-    "mode": _mode,
-    "dangerous": _flag,
-    "requires_approval": _flag,
-    "timeout": lambda v: _seconds(v, allow_zero=True),
-    "long_running": _flag,
-    "promote_after": lambda v: _seconds(v, allow_zero=False),
-    "category": _optional_text,
-    "visibility": _visibility,
-    "handler": _optional_text,
-    "dispatch_message": _optional_text,
-    "idempotent": _flag,
-    "sensitive": _names,
-    "read_only": _flag,
-    "title": _optional_text,
-}
-"""Tool definition key -> parser. These are exactly the keys a definition may use."""
+class ToolShape(Shape):
+    """One tool definition as written (SPEC C1); docs/catalog.md describes each key.
 
-_DEFAULTS: dict[str, Any] = {
-    "parameters": dict(EMPTY_PARAMETERS),
-    "mode": Mode.SYNC,
-    "visibility": Visibility(),
-    "sensitive": (),
-}
+    The first three keys are required. The rest default as :class:`ToolDef` says.
+    """
+
+    name: Annotated[
+        str, StringConstraints(strict=True, pattern=TOOL_NAME.pattern), says(_name_message)
+    ]
+    description: Text
+    capability: Text
+    parameters: Annotated[dict[str, Any], checked(check_schema, _Bad)] = {}
+    mode: Annotated[Mode, says(_mode_message)] = Mode.SYNC
+    dangerous: Flag = False
+    requires_approval: Flag = False
+    timeout: Seconds = None
+    long_running: Flag = False
+    promote_after: Positive = None
+    category: OptionalText = None
+    visibility: Annotated[VisibilityShape, WrapValidator(_visibility)] = VisibilityShape()
+    handler: OptionalText = None
+    dispatch_message: OptionalText = None
+    idempotent: Flag = False
+    sensitive: Names = []
+    read_only: Flag = False
+    title: OptionalText = None
 
 
 def _cross_checks(values: dict[str, Any], resolve_handlers: bool) -> list[str]:
@@ -237,36 +228,46 @@ def parse_tool(raw: Any, source: str, index: int, *, resolve_handlers: bool) -> 
         :class:`ParsedTool`; ``tool`` is ``None`` when there is any problem.
     """
     label = f"tools[{index}]"
-    if not isinstance(raw, Mapping):
-        return ParsedTool(None, label, ("a tool definition must be a mapping",))
-    if isinstance(raw.get("name"), str) and raw["name"]:
+    if isinstance(raw, Mapping) and isinstance(raw.get("name"), str) and raw["name"]:
         label = raw["name"]
-    problems = [f"{key}: required" for key in REQUIRED_KEYS if key not in raw]
-    values: dict[str, Any] = {}
-    for key, value in raw.items():
-        parser = _PARSERS.get(str(key))
-        if parser is None:
-            problems.append(unknown_key(key, _PARSERS))
-            continue
-        try:
-            values[str(key)] = parser(value)
-        except _Bad as exc:
-            problems.append(f"{key}: {exc}")
-    if problems:
-        return ParsedTool(None, label, tuple(problems))
-    problems.extend(_cross_checks(values, resolve_handlers))
+    try:
+        shape = ToolShape.model_validate(raw)
+    except ValidationError as exc:
+        found = problems(exc, ToolShape, not_mapping="a tool definition must be a mapping")
+        ordered = in_document_order(found, raw if isinstance(raw, Mapping) else {})
+        return ParsedTool(None, label, tuple(ordered))
+    values = _values(shape)
+    issues = _cross_checks(values, resolve_handlers)
     func, handler_problems = _resolve(values, resolve_handlers)
-    problems.extend(handler_problems)
-    if problems:
-        return ParsedTool(None, label, tuple(problems))
+    issues.extend(handler_problems)
+    if issues:
+        return ParsedTool(None, label, tuple(issues))
     return ParsedTool(_build(values, source, func), label, ())
 
 
+def _values(shape: ToolShape) -> dict[str, Any]:
+    """The shape's fields as :class:`ToolDef` takes them (tuples, a :class:`Visibility`)."""
+    values = dict(shape)
+    seen = shape.visibility
+    values["visibility"] = Visibility(
+        requires_context=tuple(seen.requires_context),
+        origins=tuple(seen.origins),
+        sandbox_only=seen.sandbox_only,
+    )
+    values["sensitive"] = tuple(shape.sensitive)
+    if "parameters" not in shape.model_fields_set:
+        values["parameters"] = dict(EMPTY_PARAMETERS)
+    if values["timeout"] is not None:
+        values["timeout"] = float(values["timeout"])
+    if values["promote_after"] is not None:
+        values["promote_after"] = float(values["promote_after"])
+    return values
+
+
 def _build(values: dict[str, Any], source: str, func: Any) -> ToolDef:
-    merged = {**_DEFAULTS, **values}
-    if merged["mode"] is Mode.ASYNC and merged.get("dispatch_message") is None:
-        merged["dispatch_message"] = f"Started {merged['name']}."
-    return ToolDef(**merged, source=source, func=func)
+    if values["mode"] is Mode.ASYNC and values["dispatch_message"] is None:
+        values = {**values, "dispatch_message": f"Started {values['name']}."}
+    return ToolDef(**values, source=source, func=func)
 
 
 _MCP_HINTS = {"readOnlyHint": "read_only", "idempotentHint": "idempotent"}

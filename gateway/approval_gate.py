@@ -67,7 +67,8 @@ class ApprovalGate:
         """
         session = call.session
         if not self.needs_approval(session, tool):
-            session.emit(m.ToolStart, call_id=call.call_id, tool=tool.name, params=call.params)
+            if session.ungated_tool_start:
+                session.emit(m.ToolStart(call_id=call.call_id, tool=tool.name, params=call.params))
             return True
         if len(session.pending_approvals) >= self.limits.max_pending_approvals:
             self.end.error(
@@ -87,12 +88,13 @@ class ApprovalGate:
         session.store.stage_call(session.id, call.call_id, "running", note)
         self.metrics.pending_approvals.inc()
         session.emit(
-            m.ToolStart,
-            call_id=call.call_id,
-            tool=tool.name,
-            params=call.params,
-            approval_id=approval.approval_id,
-            expires_at=approval.expires_at,
+            m.ToolStart(
+                call_id=call.call_id,
+                tool=tool.name,
+                params=call.params,
+                approval_id=approval.approval_id,
+                expires_at=approval.expires_at,
+            )
         )
         try:
             # F01: waiting decides nothing; only Approvals.settle does.
@@ -132,13 +134,14 @@ class ApprovalGate:
             "by": session.user if outcome.reason is m.ResolutionReason.USER else "server",
         }
         session.emit(
-            m.ToolResolved,
-            call_id=call.call_id,
-            approval_id=approval_id,
-            tool=tool.name,
-            resolution=outcome.resolution,
-            reason=outcome.reason,
-            always=outcome.always,
+            m.ToolResolved(
+                call_id=call.call_id,
+                approval_id=approval_id,
+                tool=tool.name,
+                resolution=outcome.resolution,
+                reason=outcome.reason,
+                always=outcome.always,
+            )
         )
 
     def declined(self, call: Call, tool: ToolDef, reason: m.ResolutionReason) -> None:

@@ -26,7 +26,7 @@ from gateway.ledger import CallLedger, deliver
 from gateway.metrics import Metrics
 from gateway.session import Session
 from protocol import messages as m
-from protocol.codec import SERVER_MAX_DEPTH, json_problem
+from protocol.codec import SERVER_MAX_DEPTH, json_problem, non_finite
 from protocol.errors import ErrorCode
 from protocol.outcomes import CallOutcome
 
@@ -103,7 +103,13 @@ class CallEnd:
             return message
         return clip_text(message, payload_budget(self.max_frame, call.call_id, call.tool_name))
 
-    def finish(self, call: Call, outcome: CallOutcome, cls: type[Any], **fields: Any) -> None:
+    def finish(
+        self,
+        call: Call,
+        outcome: CallOutcome,
+        cls: type[m.Result | m.Dispatched | m.CallError],
+        **fields: Any,
+    ) -> None:
         """Emit the call's one terminal event, record it in the session and the ledger,
         deliver it to attached sessions, audit it (SPEC I11, I12, I15, I16)."""
         session = call.session
@@ -119,7 +125,11 @@ class CallEnd:
                 # SPEC I16: a client drops a frame nested past SERVER_MAX_DEPTH levels, and
                 # with it the call's one reply.
                 raise ValueError(f"result is nested deeper than {SERVER_MAX_DEPTH - 1} levels")
-            body = session.emit(cls, call_id=call.call_id, tool=call.tool_name, **fields)
+            if non_finite(fields.get("result")):
+                # SPEC I16: orjson would write NaN/Infinity as null and change the data;
+                # json_problem names where it is.
+                raise ValueError("result holds a number JSON cannot carry")
+            body = session.emit(cls(call_id=call.call_id, tool=call.tool_name, **fields))
         except (TypeError, ValueError) as exc:
             # SPEC I16: emit encodes before it stages, so a value the codec refuses never
             # reaches the log; the call still ends, naming the problem.
@@ -127,7 +137,7 @@ class CallEnd:
             logger.info("%s returned a value that cannot be sent: %s", call.tool_name, problem)
             outcome, fields = CallOutcome.HANDLER_ERROR, {"code": ErrorCode.HANDLER_ERROR}
             fields["message"] = self.clip(call, f"the handler's value cannot be sent: {problem}")
-            body = session.emit(m.CallError, call_id=call.call_id, tool=call.tool_name, **fields)
+            body = session.emit(m.CallError(call_id=call.call_id, tool=call.tool_name, **fields))
         session.call_done(call.call_id, body)
         for waiter in self.ledger.finish(session, call.call_id, body):
             deliver(waiter, call.call_id, body)

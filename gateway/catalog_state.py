@@ -150,7 +150,7 @@ class CatalogState:
         if not force and version == session.catalog_version:
             return False
         session.catalog_version, session.catalog_names = version, names
-        session.emit(m.Catalog, id=request_id, version=version, reason=reason, tools=infos)
+        session.emit(m.Catalog(id=request_id, version=version, reason=reason, tools=infos))
         session.save()
         return True
 

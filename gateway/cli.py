@@ -118,16 +118,98 @@ def cmd_serve(args: argparse.Namespace) -> int:
     :class:`StartupError` that :func:`main` prints as one message, exit status 1.
     """
     settings = _settings(args)
+    if args.worker_of is not None:
+        # A worker of `serve --workers` (SPEC N6): its supervisor holds the data folder.
+        from gateway.supervisor import die_with_parent
+
+        die_with_parent(args.worker_of)
+        problems = preflight(settings, data_dir=False)
+        if problems:
+            raise StartupError(render(problems))
+        return _serve_locked(settings, worker=True)
+    if args.workers > 1 and settings.store.url is None:
+        raise StartupError(
+            f"--workers {args.workers}: the workers need a shared store (store.url: "
+            f"postgresql://...); the embedded SQLite store serves one process"
+        )
+    if settings.server.reuse_port and settings.store.url is None:
+        raise StartupError(
+            "server.reuse_port: processes sharing a port need a shared store (store.url: "
+            "postgresql://...); the embedded SQLite store serves one process"
+        )
     with DataDirLock(settings.data_dir):
         problems = preflight(settings, data_dir=False)
         if problems:
             raise StartupError(render(problems))
+        if args.workers > 1:
+            return _serve_workers(args, settings)
         return _serve_locked(settings)
 
 
-def _serve_locked(settings: Settings) -> int:
+def _serve_workers(args: argparse.Namespace, settings: Settings) -> int:
+    """``serve --workers N`` (SPEC N6): hold the port, start and supervise N workers
+    (:mod:`gateway.supervisor`) until SIGTERM/SIGINT, which each worker drains (S4)."""
     from gateway import logs
+    from gateway.supervisor import Supervisor, reserve_port
+
+    logs.setup(settings.log.level, settings.log.json_logs, None)
+    settings, banner = _dev_token(settings)
+    server = settings.server
+    try:
+        held, port = reserve_port(server.host, server.port)
+    except OSError as exc:
+        raise StartupError(_startup_failure(exc, settings)) from exc
+    env = dict(os.environ)
+    env["TOOLBUS_SERVER__REUSE_PORT"] = "true"
+    if settings.auth.token_file is not None:
+        env["TOOLBUS_AUTH__TOKEN_FILE"] = str(settings.auth.token_file.resolve())
+    argv = [sys.executable, "-m", "gateway.cli", "serve", "--host", server.host]
+    argv += ["--port", str(port), "--data-dir", str(settings.data_dir)]
+    if args.config is not None:
+        argv += ["--config", str(args.config)]
+    argv += ["--worker-of", str(os.getpid())]
+
+    def worker(index: int) -> tuple[list[str], dict[str, str]]:
+        named = settings.nodes.node_id
+        # SPEC N2: every worker is a node of its own; a configured id gets the index.
+        return argv, (env | {"TOOLBUS_NODES__NODE_ID": f"{named}-{index}"} if named else env)
+
+    def started() -> None:
+        host = server.host
+        print(
+            f"toolbus serving on ws://{host}:{port}/  (subprotocol toolbus.v1, "
+            f"{args.workers} workers)",
+            flush=True,
+        )
+        print(f"console: http://{host}:{port}/", flush=True)
+        for line in banner:
+            print(line, flush=True)
+
+    with held:
+        return asyncio.run(Supervisor(worker, args.workers, started).run())
+
+
+def _dev_token(settings: Settings) -> tuple[Settings, list[str]]:
+    """With neither a token file nor JWT configured, a dev token in the data folder: the
+    settings naming its token file, and the banner line showing it (SPEC O1)."""
+    if settings.auth.token_file is not None or (
+        settings.auth.jwt_secret or settings.auth.jwt_public_key_file
+    ):
+        return settings, []
     from gateway.auth import write_dev_token
+
+    catalog = load_catalog(settings.catalog.tools, settings.catalog.profiles)
+    token, token_file = write_dev_token(settings.data_dir, sorted(catalog.profiles))
+    settings = settings.model_copy(
+        update={"auth": settings.auth.model_copy(update={"token_file": token_file})}
+    )
+    return settings, [f"dev token (profiles: {', '.join(sorted(catalog.profiles))}): {token}"]
+
+
+def _serve_locked(settings: Settings, worker: bool = False) -> int:
+    """Serve in this process; a worker of ``--workers`` prints only its first banner
+    line, which tells its supervisor it listens."""
+    from gateway import logs
     from gateway.server import Gateway, run
 
     try:
@@ -138,16 +220,7 @@ def _serve_locked(settings: Settings) -> int:
         )
     except OSError as exc:
         raise StartupError(f"log.audit_file: cannot open it: {exc.strerror or exc}") from None
-    banner = []
-    if settings.auth.token_file is None and not (
-        settings.auth.jwt_secret or settings.auth.jwt_public_key_file
-    ):
-        catalog = load_catalog(settings.catalog.tools, settings.catalog.profiles)
-        token, token_file = write_dev_token(settings.data_dir, sorted(catalog.profiles))
-        settings = settings.model_copy(
-            update={"auth": settings.auth.model_copy(update={"token_file": token_file})}
-        )
-        banner.append(f"dev token (profiles: {', '.join(sorted(catalog.profiles))}): {token}")
+    settings, banner = _dev_token(settings)
     listening = False
 
     def started(gateway: Gateway) -> None:
@@ -157,6 +230,8 @@ def _serve_locked(settings: Settings) -> int:
         print(
             f"toolbus serving on ws://{host}:{gateway.port}/  (subprotocol toolbus.v1)", flush=True
         )
+        if worker:
+            return
         print(f"console: http://{host}:{gateway.port}/", flush=True)
         for line in banner:
             print(line, flush=True)
@@ -349,6 +424,13 @@ def _delegate(module: str, argv: Sequence[str]) -> int:
     return int(main(list(argv)))
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, not {value}")
+    return value
+
+
 def parser() -> argparse.ArgumentParser:
     """The argument parser of ``toolbus`` (SPEC O1)."""
     top = argparse.ArgumentParser(
@@ -368,6 +450,14 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", help="address to bind (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="TCP port (default 8765; 0 = any free port)")
     serve.add_argument("--data-dir", type=Path, help="folder for SQLite, audit log, dev token")
+    serve.add_argument(
+        "--workers",
+        type=_positive,
+        default=1,
+        help="server processes sharing the port (SO_REUSEPORT, Linux) and the store; "
+        "more than 1 needs store.url (PostgreSQL)",
+    )
+    serve.add_argument("--worker-of", type=int, help=argparse.SUPPRESS)
     serve.set_defaults(func=cmd_serve)
 
     with_config(sub.add_parser("check", help="validate the catalog and profiles")).set_defaults(

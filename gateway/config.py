@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -56,7 +56,9 @@ class ServerConfig(_Section):
     heartbeat_timeout: float = Field(20.0, ge=0)
     """Seconds to wait for a pong before the peer is declared dead (SPEC S3)."""
     max_outbound_bytes: int = Field(8 << 20, ge=1)
-    """Bytes queued for one socket before it is closed 1013 as a slow consumer (SPEC D5)."""
+    """Bytes queued for one socket before it is closed 1013 as a slow consumer (SPEC D5);
+    also the bound of the events held for one socket while the store cannot commit
+    (SPEC D6), past which it is closed 1013 the same way."""
     drain_retry_after: float = Field(1.0, ge=0)
     """``retry_after`` sent in ``reconnect`` on drain (SPEC S4), in seconds."""
     drain_grace: float = Field(10.0, ge=0)
@@ -65,6 +67,18 @@ class ServerConfig(_Section):
     ``done``, a call its ``result``); past it, a job ends ``failed`` ``interrupted`` and
     the handler dies with the process (SPEC J6). Jobs still ``queued`` stay queued and
     run after the restart. 0: no wait."""
+    max_socket_lifetime: float = Field(0.0, ge=0)
+    """Seconds a socket may stay open; then it gets the drain's ``reconnect`` hint
+    (``retry_after`` 0) and a 1012 close, and the client resumes, through the load
+    balancer, on whichever node it picks (SPEC N6: load moves onto nodes added later).
+    0: no limit."""
+    max_socket_lifetime_jitter: float = Field(0.1, ge=0, lt=1)
+    """Fraction of ``max_socket_lifetime`` taken off at random, per socket, so sockets
+    opened together do not all end together: each lives between ``(1 - jitter) *
+    max_socket_lifetime`` and ``max_socket_lifetime`` seconds (SPEC N6)."""
+    reuse_port: bool = False
+    """Bind with ``SO_REUSEPORT`` (Linux) so that several processes share the port;
+    ``serve --workers N`` sets it in its workers. Needs a shared store (``store.url``)."""
     loop_stall_threshold: float = Field(0.5, ge=0)
     """Seconds the event loop may go without turning before the watchdog thread logs the
     running tool's name and the loop's stack and counts ``toolbus_loop_stalls_total``
@@ -110,7 +124,8 @@ class LimitsConfig(_Section):
     invoke_burst: int = Field(100, ge=1)
     """Invokes a session may send at once before the rate applies."""
     max_sessions_per_user: int = Field(20, ge=1)
-    """Live plus resumable sessions one user may hold (SPEC E2)."""
+    """Live plus resumable sessions one user may hold (SPEC E2); the internal sessions of
+    ``/mcp`` (docs/mcp.md) are not counted."""
     max_pending_approvals: int = Field(16, ge=1)
     """Approvals awaiting a decision, per session (SPEC E2)."""
     max_context_bytes: int = Field(16384, ge=0)
@@ -202,6 +217,26 @@ class StoreConfig(_Section):
     ``TOOLBUS_STORE__URL``."""
 
 
+class NodesConfig(_Section):
+    """Several nodes on one PostgreSQL store (SPEC N2-N4; docs/deploy.md). Unused with
+    the embedded SQLite store (one node per data folder, SPEC O5)."""
+
+    node_id: str | None = Field(None, min_length=1, max_length=100, pattern=r"^[\x21-\x7e]+$")
+    """This process's node id (printable ASCII, no spaces). ``None``: generated at start,
+    ``host-pid-random``, so that a restarted process is a new node. Logged at start."""
+    lease_interval: float = Field(1.0, gt=0)
+    """Seconds between two renewals of this node's liveness lease (SPEC N4)."""
+    lease_ttl: float = Field(5.0, gt=0)
+    """Seconds a lease lasts from its last renewal (the database's clock); must exceed
+    ``lease_interval``."""
+
+    @model_validator(mode="after")
+    def _ttl_outlasts_interval(self) -> NodesConfig:
+        if self.lease_ttl <= self.lease_interval:
+            raise ValueError("lease_ttl must be greater than lease_interval")
+        return self
+
+
 class LogConfig(_Section):
     level: str = "INFO"
     """Operational log level: DEBUG, INFO, WARNING, ERROR or CRITICAL (any case)."""
@@ -242,6 +277,7 @@ class Settings(BaseSettings):
     jobs: JobsConfig = Field(default_factory=JobsConfig)
     sessions: SessionsConfig = Field(default_factory=SessionsConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
+    nodes: NodesConfig = Field(default_factory=NodesConfig)
     log: LogConfig = Field(default_factory=LogConfig)
 
     @classmethod

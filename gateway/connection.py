@@ -22,8 +22,6 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from pydantic import BaseModel
-from websockets.asyncio.server import ServerConnection
-from websockets.exceptions import ConnectionClosed
 
 from gateway.config import ServerConfig
 from gateway.hello import Refused, SessionOpener
@@ -32,6 +30,7 @@ from gateway.outbox import Link, Outbox
 from gateway.session import Session, SessionTable, TokenBucket
 from gateway.session_requests import SessionRequests
 from gateway.store import StoreUnavailable
+from gateway.wslib import ConnectionClosed, Socket
 from protocol import messages as m
 from protocol.codec import encode
 from protocol.connection_state import Connection, Ignored, State
@@ -83,7 +82,7 @@ class ConnectionHandler:
     TABLE: ClassVar[dict[str, str]]
     """The same table by wire type name -> method name, for docs and tests."""
 
-    def __init__(self, parts: ConnectionParts, ws: ServerConnection) -> None:
+    def __init__(self, parts: ConnectionParts, ws: Socket) -> None:
         self.parts = parts
         self.requests = parts.requests
         self.ws = ws
@@ -129,10 +128,9 @@ class ConnectionHandler:
         writer failure, or websockets itself for 1002, 1007 and 1009), the code is the
         one in the close frame sent. Closes the client started are not counted.
         """
-        protocol = self.ws.protocol
-        sent = protocol.close_sent
-        if sent is not None and not protocol.close_rcvd_then_sent:
-            self.parts.metrics.closes.labels(str(int(sent.code))).inc()
+        sent = self.ws.sent_close_code()
+        if sent is not None:
+            self.parts.metrics.closes.labels(str(sent)).inc()
 
     async def _handshake(self) -> bool:
         timeout = self.parts.server.hello_timeout or None
@@ -246,8 +244,9 @@ class ConnectionHandler:
         self.link.close(code, reason)
         self.state.start_closing()
 
-    def close_lapsed(self, code: CloseCode, reason: str) -> None:
+    def close_lapsed(self, code: CloseCode, reason: str, hint: bytes | None = None) -> None:
         """SPEC S6: the credential expired or was revoked; close with its typed code.
+        SPEC N6: the socket's lifetime ended; ``hint`` (a ``reconnect``) then 1012.
         The session is parked as after any drop; its resume authenticates afresh."""
         if self.state.state is not State.OPEN:
             return
@@ -255,6 +254,8 @@ class ConnectionHandler:
         # What is queued for this socket (an auth.expiring due in the same loop turn,
         # events) goes out before the close, not dropped by it.
         self.parts.outbox.flush()
+        if hint is not None:
+            self.link.push(hint)
         self._flush_and_close(code, close_reason(reason))
         self.state.start_closing()
 

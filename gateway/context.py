@@ -13,6 +13,7 @@ as ``{"value": ...}`` (SPEC I8). An async tool's object result may carry ``summa
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -21,8 +22,30 @@ from pathlib import Path
 ProgressFn = Callable[[float | None, str | None], None]
 
 
+def check_progress(fraction: object, message: object) -> None:
+    """Refuse a progress note the wire cannot carry as given (SPEC J2, I16).
+
+    Raises:
+        ValueError: ``fraction`` is not ``None`` or a finite number (``NaN`` and
+            ``Infinity`` would reach the client as ``null``), or ``message`` is not
+            ``None`` or a string. Raised in the handler that called ``progress``;
+            a finite fraction outside [0, 1] is clamped, not refused.
+    """
+    if fraction is not None and (
+        isinstance(fraction, bool)
+        or not isinstance(fraction, int | float)
+        or not math.isfinite(fraction)
+    ):
+        raise ValueError(f"progress: fraction must be a finite number or None, not {fraction!r}")
+    if message is not None and not isinstance(message, str):
+        kind = type(message).__name__
+        raise ValueError(f"progress: message must be a string or None, not {kind}")
+
+
 def no_progress(fraction: float | None, message: str | None) -> None:
-    """Progress sink of calls that are not jobs: progress has nowhere to go."""
+    """Progress sink of calls that are not jobs: progress has nowhere to go (the note is
+    still checked, so a handler's mistake shows the same way in a call and in a job)."""
+    check_progress(fraction, message)
 
 
 def no_recheck() -> None:
@@ -60,7 +83,9 @@ class ToolContext:
             a thread should check it in long loops, since a thread cannot be interrupted.
         progress: ``progress(fraction, message)`` reports job progress (SPEC J2);
             ``fraction`` in [0, 1] or ``None``. Safe to call from any thread; a no-op
-            outside jobs; rate-limited by the server.
+            outside jobs; rate-limited by the server. Raises ``ValueError`` for a
+            fraction that is not a finite number (``NaN``, ``Infinity``) or a message
+            that is not a string (SPEC I16).
         tenant: the authenticated tenant, or ``None`` (SPEC S2).
         recheck: server-internal: raises :class:`gateway.authority.Lapse` when the call's
             authority lapsed since its gates were checked (SPEC A7);

@@ -23,9 +23,11 @@ from gateway.execute import as_object, run_handler
 from gateway.failures import ToolFailure, describe
 from gateway.hooks import CallInfo, PostHook, PreHook, run_post, run_pre
 from gateway.jobs import JobRunner, PostProcess
-from gateway.store import JobRow
+from gateway.store import JobRow, StoreUnavailable
+from gateway.store_rows import BadValue
 from gateway.workers import Lane
 from protocol import messages as m
+from protocol.codec import decode_json, encode_json
 from protocol.errors import ErrorCode
 from protocol.outcomes import CallOutcome
 
@@ -124,11 +126,35 @@ class Execution:
         await self._execute_sync(call, tool, ctx, info)
 
     def _dispatch(self, call: Call, tool: ToolDef, ctx: ToolContext, info: CallInfo) -> None:
-        """SPEC I9: answer ``dispatched`` at once; the job runner takes over."""
-        job_id = self.jobs.submit(call.session, tool, call.params, ctx, self._post(info))
+        """SPEC I9: answer ``dispatched`` at once; the job runner takes over. A job that
+        cannot be created ends the call as :meth:`_not_a_job` says."""
+        try:
+            job_id = self.jobs.submit(call.session, tool, call.params, ctx, self._post(info))
+        except BaseException as exc:
+            self._not_a_job(call, tool, exc)
+            return
         call.job_id = job_id
         message = tool.dispatch_message or f"Started {tool.name}."
         self.end.finish(call, CallOutcome.DISPATCHED, m.Dispatched, job_id=job_id, message=message)
+
+    def _not_a_job(self, call: Call, tool: ToolDef, exc: BaseException) -> None:
+        """The call's job could not be created (SPEC I9, I14, I16): its row cannot be
+        stored (:class:`~gateway.store_rows.BadValue`) or the runner failed. The call
+        ends in one typed ``call.error``: ``unavailable`` when the store refused, else
+        ``handler_error`` "the call could not become a job: …". Cancellation and exit
+        requests propagate."""
+        if isinstance(exc, PASS_THROUGH):
+            raise exc
+        logger.warning(
+            "call %s (%s) could not become a job: %s", call.call_id, tool.name, describe(exc)
+        )
+        if isinstance(exc, StoreUnavailable):
+            text = "the store cannot keep the job right now; the call was cancelled"
+            self.end.error(call, ErrorCode.UNAVAILABLE, text, CallOutcome.UNAVAILABLE)
+            return
+        why = str(exc) if isinstance(exc, BadValue) else describe(exc)
+        text = f"the call could not become a job: {why}"
+        self.end.error(call, ErrorCode.HANDLER_ERROR, text, CallOutcome.HANDLER_ERROR)
 
     def rerun_plan(self, row: JobRow) -> tuple[ToolDef, ToolContext, PostProcess] | None:
         """How to run a stored job after a restart (SPEC J5, J6): ``None`` when its tool
@@ -165,9 +191,15 @@ class Execution:
         """SPEC I8, I14: run with the run timeout; promote past the soft deadline."""
         assert tool.func is not None
         limit = self._run_timeout(tool)
-        if not tool.idempotent and not call.session.outbox.commit():
+        session = call.session
+        # A session that gets this call's tool_start commits at once when first in its
+        # tick, so tool_start and result leave in one write; without one, the call
+        # always joins the tick's group commit (one loop turn, no extra write).
+        at_once = session.ungated_tool_start
+        if not tool.idempotent and not await session.outbox.durable(at_once):
             # SPEC I15, D6: the ledger's "running" row must be durable before a handler
             # with side effects starts, or a crash could make a re-send run it again.
+            # It rides the tick's group commit with every other call's row and event.
             text = "the store cannot commit right now; the tool did not run"
             self.end.error(call, ErrorCode.UNAVAILABLE, text, CallOutcome.UNAVAILABLE)
             return
@@ -178,7 +210,10 @@ class Execution:
                 # loop turn, so tool_start and result share one commit (SPEC D1).
                 value = await self._timed(tool.func, call.params, ctx, limit)
             else:
-                work = asyncio.ensure_future(self._timed(tool.func, call.params, ctx, limit))
+                # SPEC I14, J5: the handler gets its own copy of the arguments; the job
+                # a promotion creates stores the ones the call was given.
+                own = decode_json(encode_json(call.params))
+                work = asyncio.ensure_future(self._timed(tool.func, own, ctx, limit))
                 try:
                     done, _ = await asyncio.wait({work}, timeout=tool.promote_after)
                 except asyncio.CancelledError:
@@ -224,10 +259,20 @@ class Execution:
     def _promote(
         self, call: Call, tool: ToolDef, ctx: ToolContext, info: CallInfo, work: asyncio.Future[Any]
     ) -> None:
-        """SPEC I14: the running call becomes a job; the client hears ``dispatched`` now."""
-        job_id = self.jobs.submit(
-            call.session, tool, call.params, ctx, self._post(info), adopt=work
-        )
+        """SPEC I14: the running call becomes a job; the client hears ``dispatched`` now.
+
+        A job that cannot be created (its row cannot be stored, e.g. text the store
+        refuses; any other failure of the runner) cancels the running handler and ends
+        the call with one typed ``call.error`` (SPEC I16, :meth:`_not_a_job`). Nothing
+        of the job is left behind."""
+        try:
+            job_id = self.jobs.submit(
+                call.session, tool, call.params, ctx, self._post(info), adopt=work
+            )
+        except BaseException as exc:
+            work.cancel()
+            self._not_a_job(call, tool, exc)
+            return
         call.job_id = job_id
         if isinstance(ctx.progress, ProgressRelay):
             ctx.progress.target = self.jobs.progress_sink(job_id)

@@ -12,8 +12,6 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from websockets.asyncio.server import ServerConnection
-
 from gateway.auth import Authenticator, AuthError, Identity, bearer
 from gateway.authority import Authority, admits
 from gateway.config import LimitsConfig
@@ -21,6 +19,7 @@ from gateway.metrics import Metrics
 from gateway.outbox import Link, Outbox, Replay
 from gateway.session import Session, SessionTable, TokenBucket
 from gateway.store import Store, StoreUnavailable
+from gateway.wslib import Socket
 from protocol import messages as m
 from protocol.codec import encode, encode_json
 from protocol.connection_state import Connection
@@ -29,6 +28,7 @@ from protocol.version import SUBPROTOCOL_V1
 
 if TYPE_CHECKING:
     from gateway.catalog_state import CatalogState
+    from gateway.nodes import Node
 
 logger = logging.getLogger("gateway.connection")
 
@@ -49,9 +49,9 @@ def context_too_large(context: dict[str, str], limits: LimitsConfig) -> bool:
     return len(encode_json(context)) > limits.max_context_bytes
 
 
-def credential(hello: m.Hello, ws: ServerConnection) -> str | None:
+def credential(hello: m.Hello, ws: Socket) -> str | None:
     """The hello's token, else the upgrade request's ``Authorization: Bearer`` value."""
-    return hello.token or bearer(ws.request.headers.get("Authorization") if ws.request else None)
+    return hello.token or bearer(ws.header("Authorization"))
 
 
 class SessionOpener:
@@ -96,11 +96,14 @@ class SessionOpener:
         self.welcome_limits = welcome_limits
         self.bucket = bucket
         self.clock = clock
+        self.node: Node | None = None
+        """Set on a store shared by several nodes (SPEC N2, N5): a resume takes the session
+        over from whichever node held it, and sessions per user are counted in the store."""
 
     def open(
         self,
         hello: m.Hello,
-        ws: ServerConnection,
+        ws: Socket,
         link: Link,
         state: Connection,
         adopt: Callable[[Session], None],
@@ -138,9 +141,18 @@ class SessionOpener:
             session, token = self._new_session(hello, identity)
         adopt(session)
         log = logging.LoggerAdapter(logger, {"session": session.id})
-        request = ws.request
-        session.origin = request.headers.get("Origin") if request is not None else None
-        self.outbox.flush()
+        session.origin = ws.header("Origin")
+        if not self.outbox.flush():
+            # SPEC D1, D6: welcome names a session the store must keep (a resume needs its
+            # row); nothing is sent before that commit. A new session is ended, so its
+            # staged row is deleted in the same later commit: nothing is half-created.
+            if not resumed:
+                self.sessions.end(session)
+            raise Refused(
+                ErrorCode.UNAVAILABLE,
+                "the store cannot commit right now; try again later",
+                CloseCode.TRY_AGAIN_LATER,
+            )
         old = self.sessions.attach(session, link)
         if old is not None:
             log.info("session taken over by a new socket (SPEC D4)")
@@ -157,7 +169,7 @@ class SessionOpener:
         self.authority.bind(session, credential(hello, ws) or "", identity)
         log.info("session %s (resumed=%s, user=%s)", session.id, resumed, session.user)
 
-    def _identity(self, hello: m.Hello, ws: ServerConnection) -> Identity:
+    def _identity(self, hello: m.Hello, ws: Socket) -> Identity:
         try:
             return self.authenticator.authenticate(credential(hello, ws))
         except AuthError as exc:
@@ -168,7 +180,12 @@ class SessionOpener:
 
     def _resumable(self, hello: m.Hello, identity: Identity) -> tuple[Session | None, str]:
         """SPEC D3, S6: the session ``hello`` may resume and its token, or ``None``."""
-        session = self.sessions.get(hello.session_id)
+        node = self.node
+        if node is not None and hello.session_id and hello.resume_token:
+            # SPEC N2: wherever it was, a resume with its token takes the session here.
+            session = node.resumable(hello.session_id, hello.resume_token)
+        else:
+            session = self.sessions.get(hello.session_id)
         if (
             session is None
             or not hello.resume_token
@@ -213,7 +230,7 @@ class SessionOpener:
                 ErrorCode.PROFILE_DENIED, f"{asked}; granted: {granted}", CloseCode.AUTH_FAILED
             )
         limits = self.limits
-        if self.sessions.count_for(identity.user, identity.tenant) >= limits.max_sessions_per_user:
+        if self._sessions_of(identity) >= limits.max_sessions_per_user:
             raise Refused(
                 ErrorCode.TOO_MANY_SESSIONS,
                 "too many sessions for this user",
@@ -231,10 +248,23 @@ class SessionOpener:
             identity.tenant,
             profile,
             dict(hello.context),
-            hello.options.model_dump(),
+            hello.options.model_dump(exclude_none=True),
             self.bucket(),
             self.clock(),
         )
+
+    def _sessions_of(self, identity: Identity) -> int:
+        """Sessions the principal holds (SPEC E2): gateway-wide with nodes (SPEC N5)."""
+        if self.node is None:
+            return self.sessions.count_for(identity.user, identity.tenant)
+        try:
+            return self.node.sessions_of(identity.user, identity.tenant)
+        except StoreUnavailable as exc:
+            raise Refused(
+                ErrorCode.UNAVAILABLE,
+                "the store cannot be read right now; try again later",
+                CloseCode.TRY_AGAIN_LATER,
+            ) from exc
 
     def _welcome(self, hello: m.Hello, session: Session, token: str, resumed: bool) -> m.Welcome:
         return m.Welcome(

@@ -5,8 +5,10 @@ background: ``queued`` until a slot is free under both the global and the per-se
 bound, then ``running``, then ``done`` | ``failed`` | ``cancelled``. Every state change
 is staged in the store before the matching event is emitted, and the outbox commits
 before it sends, so a job's final state is durable before the client hears of it
-(SPEC J5). Events go to the session that created the job, into its log, whether or not
-a socket is attached (SPEC D1).
+(SPEC J5): :class:`~gateway.job_end.JobEnd` does both, in that order. Progress notes are
+:class:`~gateway.job_progress.JobProgress`'s; a drain is
+:class:`~gateway.job_drain.JobDrain`'s; the jobs a restart cut off are settled by
+:class:`~gateway.job_recovery.JobRecovery`.
 """
 
 from __future__ import annotations
@@ -15,10 +17,8 @@ import asyncio
 import inspect
 import logging
 import secrets
-import threading
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
-from dataclasses import dataclass, replace
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
 from catalog.model import ToolDef
@@ -27,13 +27,17 @@ from gateway.config import JobsConfig
 from gateway.context import ToolContext
 from gateway.execute import as_object, run_handler
 from gateway.failures import ToolFailure, describe
-from gateway.framesize import ENVELOPE, clip_text, too_deep
+from gateway.job_drain import JobDrain
+from gateway.job_end import ActiveJob, JobEnd
+from gateway.job_progress import JobProgress, Sink
+from gateway.job_slots import JobSlots
 from gateway.metrics import Metrics
 from gateway.session import Session
 from gateway.store import JobRow, Store
 from gateway.workers import Lane
 from protocol import messages as m
-from protocol.codec import SERVER_MAX_DEPTH, encode, encode_json, json_problem
+from protocol.codec import decode_json, encode_json
+from protocol.errors import ErrorCode
 
 logger = logging.getLogger("gateway.jobs")
 
@@ -42,32 +46,7 @@ Rerun = Callable[["JobRow"], "tuple[ToolDef, ToolContext, PostProcess] | None"]
 Clock = Callable[[], float]
 
 INTERRUPTED = {"code": "interrupted", "message": "the server restarted while this job ran"}
-NOT_STARTED = {
-    "code": "not_started",
-    "message": "the server restarted before this job started; it did not run",
-}
-"""SPEC J6: a queued job that cannot run after a restart (its session or tool is gone)."""
-
-
-@dataclass(slots=True, eq=False)
-class ActiveJob:
-    row: JobRow
-    session: Session
-    task: asyncio.Task[None] | None = None
-    last_progress: float = 0.0
-    interrupted: bool = False
-    idempotent: bool = False
-    in_thread: bool = False
-    """Its handler is plain and runs in a worker thread, which cannot be interrupted."""
-
-
-@dataclass(slots=True)
-class _Bound:
-    """One session's or user's job bound (SPEC J1, E3), alive only while some job of theirs
-    holds or awaits it."""
-
-    semaphore: asyncio.Semaphore
-    holders: int = 0
+"""SPEC J5: a job that had started when the server stopped, and does not run again."""
 
 
 def job_info(row: JobRow, progress: tuple[float | None, str | None] = (None, None)) -> m.JobInfo:
@@ -88,40 +67,6 @@ def job_info(row: JobRow, progress: tuple[float | None, str | None] = (None, Non
         error=error,
         call_id=row.call_id,
     )
-
-
-def _unsendable(
-    row: JobRow,
-    summary: str,
-    artifacts: list[Any],
-    result: dict[str, Any],
-    now: float,
-    max_frame: int | None = None,
-) -> str | None:
-    """What stops a job's ``job.done`` from being built and encoded, or ``None`` (I16);
-    a frame over ``max_frame`` bytes (the announced ``max_message_bytes``, SPEC E2) too."""
-    try:
-        frame = encode(
-            m.JobDone(
-                seq=1,
-                job_id=row.job_id,
-                tool=row.tool,
-                call_id=row.call_id,
-                summary=summary,
-                artifacts=artifacts,
-                result=result,
-                finished_at=now,
-            )
-        )
-    except (TypeError, ValueError) as exc:
-        found = json_problem(result) or json_problem(artifacts, "artifacts")
-        return found or " ".join(str(exc).split())[:300]
-    if max_frame is not None and len(frame) > max_frame:
-        return f"job.done would be {len(frame)} bytes; at most {max_frame} fit"
-    if too_deep(result, SERVER_MAX_DEPTH - 1) or too_deep(artifacts, SERVER_MAX_DEPTH - 1):
-        # SPEC I16: a client drops a frame nested past SERVER_MAX_DEPTH levels.
-        return f"result is nested deeper than {SERVER_MAX_DEPTH - 1} levels"
-    return None
 
 
 class JobRunner:
@@ -146,18 +91,15 @@ class JobRunner:
         clock: Clock,
         max_frame: int | None = None,
     ) -> None:
-        self._store = store
-        self._max_frame = max_frame
-        self._config = config
-        self._metrics = metrics
         self._pool = pool
         self._clock = clock
-        self._global = asyncio.Semaphore(config.max_concurrent)
-        self._per_session: dict[str, _Bound] = {}
-        self._per_user: dict[tuple[str | None, str], _Bound] = {}
-        self._draining = False
+        self._slots = JobSlots(config)
         self.active: dict[str, ActiveJob] = {}
-        self._progress: dict[str, tuple[float | None, str | None]] = {}
+        self._drain = JobDrain(self.active)
+        self._end = JobEnd(store, metrics, clock, max_frame)
+        self._progress = JobProgress(
+            config.progress_interval, clock, self.active, self._end.emit, max_frame
+        )
 
     def submit(
         self,
@@ -211,47 +153,63 @@ class JobRunner:
         )
         job = ActiveJob(row, session, idempotent=tool.idempotent and adopt is None)
         job.in_thread = adopt is not None and not inspect.iscoroutinefunction(tool.func)
-        ctx = replace(ctx, job_id=job_id, progress=self._progress_sink(job))
-        self._save(job, row)
-        if self._draining and adopt is None:
+        ctx = replace(ctx, job_id=job_id, progress=self._progress.sink(job))
+        self._end.save(job, row)
+        if self._drain.draining and adopt is None:
             # SPEC S4, J6: a drain starts nothing; stored queued, the job runs after the
             # restart.
             return job_id
+        # SPEC J5, I16: the handler gets its own copy of the arguments, so whatever it
+        # does to them (e.g. puts a set in) never changes the job row staged again later.
+        own = params if adopt is not None else decode_json(encode_json(params))
         self.active[job_id] = job
         job.task = asyncio.get_running_loop().create_task(
-            self._run(job, tool, params, ctx, post, adopt)
+            self._run(job, tool, own, ctx, post, adopt)
         )
+        job.task.add_done_callback(lambda task: self._reap(job, ctx, adopt, task))
         return job_id
 
-    def _save(self, job: ActiveJob, row: JobRow) -> None:
-        old = job.row.state
-        job.row = row
-        self._store.stage_job(row)
-        if old != row.state:
-            self._metrics.jobs.labels(old).dec()
-        self._metrics.jobs.labels(row.state).inc()
+    def _reap(
+        self,
+        job: ActiveJob,
+        ctx: ToolContext,
+        adopt: asyncio.Future[Any] | None,
+        task: asyncio.Task[None],
+    ) -> None:
+        """The job's task is done. A task cancelled before its first step never enters
+        :meth:`_run` (no ``except``, no ``finally``): a ``job.cancel`` or a drain in
+        the tick of the submit. The job still ends as what happened (SPEC J6:
+        ``cancelled``, or left ``queued`` by a drain), an adopted handler is cancelled
+        too, and its active entry and progress note are freed; it never took a slot
+        (SPEC E3, case F33). A no-op when :meth:`_run` ran its ``finally``."""
+        if self.active.get(job.row.job_id) is not job:
+            return
+        del self.active[job.row.job_id]
+        self._progress.forget(job.row.job_id)
+        ctx.cancelled.set()
+        if adopt is not None:
+            adopt.cancel()
+        if not task.cancelled():
+            return
+        self._settle_cancelled(job)
 
-    @asynccontextmanager
-    async def _slot(self, table: dict[Any, _Bound], key: Any, limit: int) -> AsyncIterator[None]:
-        """Hold one of ``key``'s job slots in ``table`` (SPEC J1, E3). The entry is deleted
-        when no job of ``key`` holds or awaits it, so ended sessions leave nothing (F33)."""
-        entry = table.get(key)
-        if entry is None:
-            entry = table[key] = _Bound(asyncio.Semaphore(limit))
-        entry.holders += 1
-        try:
-            async with entry.semaphore:
-                yield
-        finally:
-            entry.holders -= 1
-            if not entry.holders:
-                del table[key]
+    def _settle_cancelled(self, job: ActiveJob) -> None:
+        """Record a cancelled job's end (SPEC J3, J5, J6)."""
+        if job.interrupted and job.row.state == m.JobState.QUEUED:
+            # SPEC J6: it never started. Stored queued, it runs after the restart.
+            return
+        if job.interrupted and job.idempotent:
+            # SPEC J5: left queued in the store; the next start runs it again.
+            self._end.save(job, replace(job.row, state=m.JobState.QUEUED, started_at=None))
+        elif job.interrupted:
+            self._end.failed(job, INTERRUPTED)
+        else:
+            self._end.cancelled(job)
 
     def tracked(self) -> dict[str, int]:
         """Entries held now (case F33): session job bounds, active jobs, progress notes."""
         return {
-            "job_session_bounds": len(self._per_session),
-            "job_user_bounds": len(self._per_user),
+            **self._slots.tracked(),
             "jobs_active": len(self.active),
             "job_progress": len(self._progress),
         }
@@ -269,161 +227,64 @@ class JobRunner:
             if adopt is not None:
                 value = await adopt
             else:
-                # SPEC J1, E3: the session's bound, then its user's (so a user with many
-                # sessions cannot take every slot), then the server's.
-                user = (job.session.tenant, job.session.user)
-                async with (
-                    self._slot(self._per_session, job.session.id, self._config.max_per_session),
-                    self._slot(self._per_user, user, self._config.max_per_user),
-                    self._global,
-                ):
+                # SPEC J1, E3: slots of the session, its user and the server.
+                async with self._slots.hold(job.session):
                     value = await self._execute(job, tool, params, ctx)
             result, _ = await post(as_object(value))
-            self._finish_done(job, result)
+            self._end.done(job, result)
         except asyncio.CancelledError:
             ctx.cancelled.set()
-            if job.interrupted and job.row.state == m.JobState.QUEUED:
-                # SPEC J6: it never started. Stored queued, it runs after the restart.
-                pass
-            elif job.interrupted and job.idempotent:
-                # SPEC J5: left queued in the store; the next start runs it again.
-                self._save(job, replace(job.row, state=m.JobState.QUEUED, started_at=None))
-            elif job.interrupted:
-                self._finish_failed(job, INTERRUPTED)
-            else:
-                self._finish_cancelled(job)
+            self._settle_cancelled(job)
             raise
         except TimeoutError:
-            self._finish_failed(job, {"code": "timeout", "message": f"{tool.name} timed out"})
+            self._end.failed(job, {"code": "timeout", "message": f"{tool.name} timed out"})
         except Lapse as lapse:
             # SPEC A7: a gate failed after the queue wait; the handler never ran.
-            self._finish_failed(job, {"code": lapse.code.value, "message": lapse.message})
+            self._end.failed(job, {"code": lapse.code.value, "message": lapse.message})
         except ToolFailure as failure:
             # SPEC M2, M3: a typed failure keeps its code and its exact text.
-            self._finish_failed(job, {"code": failure.code.value, "message": failure.message})
+            self._end.failed(job, {"code": failure.code.value, "message": failure.message})
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException as exc:  # SPEC I16: any other raise ends the job failed
             logger.info("job %s failed: %s", job.row.job_id, type(exc).__name__, exc_info=True)
-            self._finish_failed(job, {"code": "handler_error", "message": describe(exc)})
+            self._end.failed(job, {"code": "handler_error", "message": describe(exc)})
         finally:
             self.active.pop(job.row.job_id, None)
-            self._progress.pop(job.row.job_id, None)
+            self._progress.forget(job.row.job_id)
 
     async def _execute(
         self, job: ActiveJob, tool: ToolDef, params: dict[str, Any], ctx: ToolContext
     ) -> Any:
         """Run the handler; the job turns ``running`` only once the handler really starts,
-        after the wait for a worker thread (SPEC J6), and its timeout counts from then."""
+        after the wait for a worker thread (SPEC J6), and its timeout counts from then.
+
+        The ``running`` row of a tool that is not idempotent is committed before its
+        handler starts (SPEC J5, J6): a crash right after must find it started, so the
+        restart reports it ``interrupted`` instead of running it a second time. A store
+        that cannot commit fails the job ``unavailable`` before the handler runs.
+        """
         func = tool.func
         assert func is not None
         limit = tool.timeout if tool.timeout and not tool.long_running else None
 
         def started() -> None:
             job.in_thread = not inspect.iscoroutinefunction(func)
-            self._save(job, replace(job.row, state=m.JobState.RUNNING, started_at=self._clock()))
+            self._end.save(
+                job, replace(job.row, state=m.JobState.RUNNING, started_at=self._clock())
+            )
+            if not tool.idempotent and not job.session.outbox.commit():
+                text = "the store cannot commit right now; the tool did not run"
+                raise ToolFailure(ErrorCode.UNAVAILABLE, text)
 
         return await run_handler(func, params, ctx, self._pool, limit, on_start=started)
 
-    def _finish_done(self, job: ActiveJob, result: dict[str, Any]) -> None:
-        summary = result.pop("summary", None)
-        artifacts = result.pop("artifacts", [])
-        if not isinstance(summary, str):
-            summary = f"{job.row.tool} finished"
-        if not isinstance(artifacts, list) or not all(isinstance(a, dict) for a in artifacts):
-            artifacts = []
-        now = self._clock()
-        problem = _unsendable(job.row, summary, artifacts, result, now, self._max_frame)
-        if problem is not None:
-            # SPEC I16: found before anything is staged, so the value never reaches the
-            # store and cannot fail a commit that other sessions' events share (D6).
-            logger.info("job %s returned a value that cannot be sent: %s", job.row.job_id, problem)
-            message = f"the handler's value cannot be sent: {problem}"
-            self._finish_failed(job, {"code": "handler_error", "message": message})
-            return
-        row = replace(
-            job.row,
-            state=m.JobState.DONE,
-            finished_at=now,
-            summary=summary,
-            artifacts=artifacts,
-            result=result,
-        )
-        self._end(job, row)
-        self._emit(
-            job, m.JobDone, summary=summary, artifacts=artifacts, result=result, finished_at=now
-        )
-
-    def _finish_failed(self, job: ActiveJob, error: dict[str, Any]) -> None:
-        if self._max_frame is not None:
-            # SPEC E2: the text appears twice (summary and error.message); each gets
-            # half of what the frame leaves besides the ids.
-            ids = len(encode_json([job.row.job_id, job.row.tool, job.row.call_id]))
-            half = (self._max_frame - ENVELOPE - ids) // 2 - len(job.row.tool) - 16
-            error = {**error, "message": clip_text(str(error["message"]), half)}
-        now = self._clock()
-        summary = f"{job.row.tool} failed: {error['message']}"
-        row = replace(
-            job.row, state=m.JobState.FAILED, finished_at=now, summary=summary, error=error
-        )
-        self._end(job, row)
-        self._emit(job, m.JobFailed, summary=summary, error=m.JobError(**error), finished_at=now)
-
-    def _finish_cancelled(self, job: ActiveJob) -> None:
-        now = self._clock()
-        summary = f"{job.row.tool} was cancelled"
-        self._end(
-            job, replace(job.row, state=m.JobState.CANCELLED, finished_at=now, summary=summary)
-        )
-        self._emit(job, m.JobCancelled, summary=summary, finished_at=now)
-
-    def _end(self, job: ActiveJob, row: JobRow) -> None:
-        self._save(job, row)
-        self._metrics.jobs.labels(row.state).dec()
-        self._metrics.jobs_finished.labels(row.state).inc()
-
-    def _emit(self, job: ActiveJob, cls: type[Any], **fields: Any) -> None:
-        if not job.session.ended:
-            job.session.emit(
-                cls, job_id=job.row.job_id, tool=job.row.tool, call_id=job.row.call_id, **fields
-            )
-
-    def _progress_sink(self, job: ActiveJob) -> Callable[[float | None, str | None], None]:
-        loop = asyncio.get_running_loop()
-        loop_thread = threading.get_ident()
-
-        def progress(fraction: float | None, message: str | None = None) -> None:
-            if threading.get_ident() == loop_thread:
-                self._on_progress(job, fraction, message)
-            else:
-                loop.call_soon_threadsafe(self._on_progress, job, fraction, message)
-
-        return progress
-
-    def _on_progress(self, job: ActiveJob, fraction: float | None, message: str | None) -> None:
-        """Emit ``job.progress`` at most once per interval per job (SPEC J2)."""
-        if job.row.job_id not in self.active:
-            return
-        if fraction is not None:
-            fraction = min(1.0, max(0.0, float(fraction)))
-        if isinstance(message, str) and self._max_frame is not None:
-            # SPEC E2: a handler's progress text must not make job.progress (or the job
-            # reply of job.get, which carries it too) larger than max_message_bytes.
-            ids = len(encode_json([job.row.job_id, job.row.tool, job.row.call_id]))
-            message = clip_text(message, self._max_frame - ENVELOPE - ids)
-        self._progress[job.row.job_id] = (fraction, message)
-        now = self._clock()
-        if now - job.last_progress < self._config.progress_interval:
-            return
-        job.last_progress = now
-        self._emit(job, m.JobProgress, progress=fraction, message=message)
-
-    def progress_sink(self, job_id: str) -> Callable[[float | None, str | None], None]:
+    def progress_sink(self, job_id: str) -> Sink:
         """The ``progress(fraction, message)`` function of an active job (SPEC J2, I14)."""
-        return self._progress_sink(self.active[job_id])
+        return self._progress.sink(self.active[job_id])
 
     def progress_of(self, job_id: str) -> tuple[float | None, str | None]:
-        return self._progress.get(job_id, (None, None))
+        return self._progress.of(job_id)
 
     def cancel(self, job_id: str) -> asyncio.Task[None] | None:
         """Cancel an active job (SPEC J3).
@@ -438,84 +299,6 @@ class JobRunner:
         job.task.cancel()
         return job.task
 
-    def recover(self, sessions: dict[str, Session], rerun: Rerun) -> int:
-        """Settle the jobs a restart cut off (SPEC J5, J6), oldest first.
-
-        A job that never started (``queued``) runs now, whatever its tool. A job that had
-        started runs again only when its tool is ``idempotent``; otherwise it ends
-        ``failed`` ``interrupted``. A job that cannot run (its session expired, its tool
-        left the catalog) ends ``failed``: ``interrupted`` if it had started, else
-        ``not_started``, so no job is reported as what did not happen.
-
-        Args:
-            sessions: the sessions now in memory, by id.
-            rerun: returns ``(tool, ctx, post)`` to run a stored job, or ``None``.
-
-        Returns:
-            How many jobs were found unfinished.
-        """
-        count = 0
-        for row in sorted(self._store.unfinished_jobs(), key=lambda r: r.created_at):
-            count += 1
-            session = sessions.get(row.session_id)
-            plan = rerun(row) if session is not None else None
-            started = row.state != m.JobState.QUEUED
-            if session is not None and plan is not None and (plan[0].idempotent or not started):
-                tool, ctx, post = plan
-                self.submit(session, tool, row.params, ctx, post, rerun=row)
-                continue
-            error = INTERRUPTED if started else NOT_STARTED
-            now = self._clock()
-            summary = f"{row.tool} failed: {error['message']}"
-            failed = replace(
-                row, state=m.JobState.FAILED, finished_at=now, summary=summary, error=error
-            )
-            self._store.stage_job(failed)
-            if session is not None:
-                session.emit(
-                    m.JobFailed,
-                    job_id=row.job_id,
-                    tool=row.tool,
-                    call_id=row.call_id,
-                    summary=summary,
-                    error=m.JobError(**error),
-                    finished_at=now,
-                )
-        return count
-
     async def shutdown(self, deadline: float | None = None) -> None:
-        """Stop for a drain (SPEC S4, J5, J6); every job ends as what really happened.
-
-        Nothing new starts. A job still ``queued`` stays queued in the store and runs
-        after the restart. A coroutine handler is cancelled at once: ``failed``
-        ``interrupted`` (re-queued when its tool is idempotent). A plain handler, which a
-        thread cannot interrupt, gets until ``deadline`` (event-loop time; ``None``: no
-        wait) to return, and then ends as it returned (``done``, ``failed``); one still
-        running past it ends ``failed`` ``interrupted`` and dies with the process.
-        """
-        self._draining = True
-        running = [job for job in self.active.values() if job.task is not None]
-        threaded = [j for j in running if j.in_thread and j.row.state == m.JobState.RUNNING]
-        for job in running:
-            if job not in threaded:
-                job.interrupted = True
-                job.task.cancel()  # type: ignore[union-attr]
-        loop = asyncio.get_running_loop()
-        grace = 0.0 if deadline is None else deadline - loop.time()
-        if threaded and grace > 0:
-            logger.info(
-                "drain: waiting up to %.1f s for %d job handler(s) in worker threads",
-                grace,
-                len(threaded),
-            )
-            await asyncio.wait([j.task for j in threaded if j.task is not None], timeout=grace)
-        for job in threaded:
-            if job.task is not None and not job.task.done():
-                logger.warning(
-                    "drain: job %s (%s) still running after the grace; reported interrupted",
-                    job.row.job_id,
-                    job.row.tool,
-                )
-                job.interrupted = True
-                job.task.cancel()
-        await asyncio.gather(*(j.task for j in running if j.task), return_exceptions=True)
+        """Stop for a drain (SPEC S4, J5, J6): :meth:`gateway.job_drain.JobDrain.run`."""
+        await self._drain.run(deadline)

@@ -163,11 +163,12 @@ class CallLedger:
         for live in self._live.values():
             live.waiters.pop(session.id, None)
 
-    def recover(self) -> int:
+    def recover(self, rows: list[LedgerRow] | None = None) -> int:
         """At start: every call still ``running`` in the store was cut off by a crash or
         restart; it ends ``cancelled`` (SPEC I12, I15) and never runs again. Returns how
-        many there were."""
-        rows = self._store.running_ledger()
+        many there were. ``rows``: only these (a dead node's, SPEC N4); default: every
+        running row."""
+        rows = self._store.running_ledger() if rows is None else rows
         for row in rows:
             self._interrupt(row)
         if rows:
@@ -206,7 +207,7 @@ def deliver(session: Session, call_id: str, outcome: bytes) -> None:
     emitted anew under the session's next seq, logged and recorded for the session's
     own re-sends (SPEC I12)."""
     message = SERVER_ADAPTER.validate_python(decode_json(outcome))
-    fields = message.model_dump(exclude={"seq", "type"}, exclude_none=True)
+    assert isinstance(message, (m.Result, m.Dispatched, m.CallError)), "a terminal reply"
     session.done_calls[call_id] = None
-    body = session.emit(type(message), **fields)
+    body = session.emit(message)  # re-numbered: seq is the receiving session's next
     session.call_done(call_id, body)

@@ -28,11 +28,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from websockets.asyncio.server import ServerConnection
-from websockets.exceptions import ConnectionClosed
-from websockets.protocol import State
-
 from gateway.store import StoreError, StoreUnavailable
+from gateway.wslib import ConnectionClosed, Socket
 from protocol.errors import CloseCode, close_reason
 
 if TYPE_CHECKING:
@@ -72,11 +69,11 @@ class Link:
     """The writer of one WebSocket: a byte-bounded queue drained by one task (SPEC D5).
 
     Args:
-        ws: the server-side connection.
+        ws: the server-side connection (:class:`gateway.wslib.Socket`).
         max_bytes: bytes that may wait in the queue; past it the socket closes 1013.
     """
 
-    def __init__(self, ws: ServerConnection, max_bytes: int) -> None:
+    def __init__(self, ws: Socket, max_bytes: int) -> None:
         self.ws = ws
         self.max_bytes = max_bytes
         self.closed = False
@@ -123,17 +120,9 @@ class Link:
         return self._queued_bytes - (len(head) if isinstance(head, bytes) else 0)
 
     def _send_now(self, frames: list[bytes]) -> bool:
-        ws = self.ws
-        if self._busy or self._queue or ws.protocol.state is not State.OPEN:
+        if self._busy or self._queue:
             return False
-        if ws.transport.is_closing():
-            return False
-        if ws.transport.get_write_buffer_size():
-            return False
-        for data in frames:
-            ws.protocol.send_text(data)
-        ws.send_data()
-        return True
+        return self.ws.write_now(frames)
 
     def push_replay(self, replay: Replay) -> None:
         """Queue a replay of logged events (SPEC D3); frames pushed later follow it."""
@@ -150,10 +139,7 @@ class Link:
     @property
     def backlogged(self) -> bool:
         """Whether frames wait to be written: the peer reads slower than we send."""
-        if self._queue:
-            return True
-        transport = self.ws.transport
-        return transport is not None and transport.get_write_buffer_size() > 0
+        return bool(self._queue) or self.ws.buffered() > 0
 
     def close(self, code: CloseCode, reason: str) -> None:
         """Stop writing and close the socket with ``code`` (queued frames are dropped)."""
@@ -204,13 +190,8 @@ class Link:
         return True
 
     async def _send_batch(self, frames: list[bytes]) -> None:
-        """Send already-encoded text frames in one write (see :mod:`gateway.wsconn`)."""
-        if len(frames) == 1:
-            await self.ws.send(frames[0], text=True)
-            return
-        async with self.ws.send_context():
-            for data in frames:
-                self.ws.protocol.send_text(data)
+        """Send already-encoded text frames in one write (see :mod:`gateway.wslib`)."""
+        await self.ws.send_texts(frames)
 
     async def _replay(self, replay: Replay) -> bool:
         """Send the logged events ``after < seq <= upto``; ``False`` at the first hole.
@@ -293,7 +274,9 @@ class Outbox:
     keeps what was staged and this outbox keeps the frames, in order; it retries on a
     timer (5 ms, doubling up to ``retry_max``), never by waiting on the event loop, and
     sends them once a commit succeeds. Replies (not logged) are not held: during a
-    failure they may overtake held events, which follow in order.
+    failure they may overtake held events, which follow in order. Held frames are
+    bounded per socket by its queue bound; past it the socket is closed 1013 (SPEC D5)
+    and its events come back by replay (:meth:`_hold`).
 
     While commits have failed for longer than ``unavailable_after`` seconds,
     :attr:`unavailable` is true: new calls and sessions are refused ``unavailable`` and
@@ -320,6 +303,8 @@ class Outbox:
         self._pending: list[tuple[Recipient, bytes, bool]] = []
         self._held: list[tuple[Recipient, bytes, bool]] = []
         """Durable frames whose commit failed, oldest first (SPEC D6)."""
+        self._held_bytes: dict[Link, tuple[int, int]] = {}
+        """Per socket: bytes of its first held frame, and of all of them (SPEC D5)."""
         self._scheduled = False
         self._closed = False
         self.unavailable_after = unavailable_after
@@ -331,6 +316,10 @@ class Outbox:
         self._next_try = 0.0
         self._timer: asyncio.TimerHandle | None = None
         self._declared = False
+        self._waiters: list[asyncio.Future[bool]] = []
+        """Callers of :meth:`durable`, told the outcome of the next commit attempt."""
+        self._tick_committed = False
+        """A :meth:`durable` caller committed at once since the last :meth:`flush`."""
 
     @property
     def unavailable(self) -> bool:
@@ -365,35 +354,98 @@ class Outbox:
         Frames of a recipient without a link are dropped here: durable ones are in the
         log and come back by replay (SPEC D3); replies to a gone socket have no reader.
         """
-        self._scheduled = False
+        self._scheduled = self._tick_committed = False
         if self._closed:
             return False
         pending, self._pending = self._pending, []
         if not self._commit():
-            self._held.extend(item for item in pending if item[2])
+            self._hold(item for item in pending if item[2])
             _deliver(item for item in pending if not item[2])
             return False
         if self._held:
             pending, self._held = self._held + pending, []
+            self._held_bytes.clear()
         _deliver(pending)
         return True
+
+    def _hold(self, items: Iterable[tuple[Recipient, bytes, bool]]) -> None:
+        """Keep durable frames whose commit failed, bounded per socket (SPEC D5, D6).
+
+        A frame for a session without an open socket is not kept: its event stays
+        staged in the store, is committed when the store recovers, and comes back by
+        replay (SPEC D3). A socket whose held frames pass its queue bound
+        (``server.max_outbound_bytes``, the first frame not counted, as in
+        :meth:`Link.push_many`) is closed 1013 like a slow consumer and its held frames
+        dropped: the events are staged, not lost, and the client resumes once the
+        store commits again. So an outage holds at most one queue bound per socket.
+        """
+        over: list[Link] = []
+        for item in items:
+            link = item[0].link
+            if link is None or link.closed:
+                continue
+            first, size = self._held_bytes.get(link, (len(item[1]), 0))
+            size += len(item[1])
+            self._held_bytes[link] = (first, size)
+            self._held.append(item)
+            if size - first > link.max_bytes and link not in over:
+                over.append(link)
+        for link in over:
+            _, size = self._held_bytes.pop(link)
+            link.slow_consumer(
+                f"{size} bytes held while the store cannot commit > {link.max_bytes}"
+            )
+        if over:
+            self._held = [item for item in self._held if item[0].link not in over]
 
     def commit(self) -> bool:
         """Commit what is staged now, without delivering: queued frames still leave at
         the next :meth:`flush`, in order. ``False`` when the store could not commit (or
-        the outbox is closed). The pipeline calls it so that a call's ledger row is
-        durable before a handler with side effects starts (SPEC I15)."""
+        the outbox is closed)."""
         return not self._closed and self._commit()
+
+    def durable(self, at_once: bool = True) -> asyncio.Future[bool]:
+        """Make what is staged now durable, sharing one commit with the tick's writers.
+
+        With ``at_once``, the first caller since the last :meth:`flush` commits at once
+        (a lone call pays no extra loop turn, and a ``tool_start`` already queued leaves
+        in one write with the result); every other caller waits for the next
+        :meth:`flush`, which commits for all of them at once.
+
+        Args:
+            at_once: commit now if no one else did since the last flush.
+
+        Returns:
+            A future set to ``True`` once a commit holding everything staged before this
+            call succeeded (already done for the first caller), ``False`` when that
+            attempt failed or the outbox is closed (it is not retried for the waiter).
+            The pipeline awaits it so that a call's ledger row is durable before a
+            handler with side effects starts (SPEC I15): the calls of one tick then cost
+            two commits at most, not one each.
+        """
+        waiter: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        if self._closed or (at_once and not self._tick_committed):
+            self._tick_committed = True
+            waiter.set_result(not self._closed and self._commit())
+            return waiter
+        self._waiters.append(waiter)
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self.flush)
+        return waiter
 
     def _commit(self) -> bool:
         now = time.monotonic()
         if self.failing_since is not None and now < self._next_try:
+            self._settle(False)
             return False  # failing: the retry timer decides when to try again
         try:
             self._store.commit()
         except StoreUnavailable as exc:
             self._failed(exc, now)
+            self._settle(False)
             return False
+        self._settle(True)
         if self.failing_since is not None:
             logger.warning(
                 "store commits again after %.3f s; %d held events sent",
@@ -402,6 +454,12 @@ class Outbox:
             )
             self.failing_since, self._attempts, self._declared = None, 0, False
         return True
+
+    def _settle(self, durable: bool) -> None:
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():  # its call may have been cancelled meanwhile
+                waiter.set_result(durable)
 
     def _failed(self, exc: StoreUnavailable, now: float) -> None:
         if self._on_failure is not None:
@@ -437,7 +495,9 @@ class Outbox:
         """
         self.flush()
         self._closed = True
+        self._settle(False)
         self._held.clear()
+        self._held_bytes.clear()
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None

@@ -73,25 +73,15 @@ def _line(exc: BaseException) -> str:
     return " ".join(str(exc).split())
 
 
-def _take_node_lock(db: _Conn) -> bool:
-    """Take this schema's node lock for the connection's life (SPEC N2, O5: one node per
-    store until sessions move between nodes); ``False`` when another node holds it. The
-    server drops it with the connection, a killed node's included."""
-    row = db.execute(
-        "SELECT pg_try_advisory_lock(hashtext('toolbus node ' || current_schema()))"
-    ).fetchone()
-    return bool(row and row[0])
-
-
 class PgLink:
-    """One connection of a store, with its node lock (SPEC N1, N2, D6).
+    """One connection of a store (SPEC N1, D6). Several nodes share one store (SPEC N2):
+    sessions move between them under a fencing token (:mod:`gateway.nodes`).
 
     Args:
         url: a ``postgresql://`` URL (libpq syntax).
 
     Raises:
-        StoreError: the database cannot be reached, refused the migration, or another
-            node holds this schema.
+        StoreError: the database cannot be reached, or refused the migration.
         SchemaTooNew: the database schema is newer than this code.
     """
 
@@ -112,16 +102,16 @@ class PgLink:
             raise
         if applied:
             logger.info("store %s: schema migrated to version %d", self.where, applied[-1])
-        if not _take_node_lock(db):
-            db.close()
-            raise StoreError(
-                f"store {self.where}: another toolbus node uses this database schema; "
-                f"several nodes on one store are not supported yet (SPEC N2)"
-            )
         self._db: _Conn | None = db
         self._lock = threading.Lock()
         self._connecting = False
         self._closed = False
+
+    @property
+    def conninfo(self) -> str:
+        """The connection string, timeouts included, for another connection of this
+        store (the node's lease and notification thread, SPEC N4)."""
+        return self._conninfo
 
     def conn(self) -> _Conn:
         """The live connection, or ``StoreUnavailable`` at once while there is none (a
@@ -145,10 +135,6 @@ class PgLink:
         db: _Conn | None = None
         try:
             db = psycopg.connect(self._conninfo, autocommit=True)
-            if not _take_node_lock(db):
-                db.close()
-                db = None
-                logger.error("store %s: another node took this store; not reconnecting", self.where)
         except psycopg.Error as exc:
             logger.warning("store %s: reconnect failed: %s", self.where, _line(exc))
             db = None
@@ -156,7 +142,7 @@ class PgLink:
             with self._lock:
                 self._connecting = False
                 if db is not None and self._closed:
-                    db.close()  # closed meanwhile: never hold the node lock past close()
+                    db.close()  # closed meanwhile
                 elif db is not None:
                     self._db = db
                     logger.warning("store %s: connected again", self.where)
@@ -188,7 +174,7 @@ class PgLink:
             raise self.failed(exc, "write") from exc
 
     def close(self) -> None:
-        """Close the connection (and with it the node lock); no reconnection after."""
+        """Close the connection; no reconnection after."""
         with self._lock:
             self._closed = True
             db, self._db = self._db, None

@@ -60,6 +60,34 @@ MIGRATIONS: tuple[tuple[int, str], ...] = (
     ),
     # SPEC S6, A7: the session's credential reference (never the credential itself).
     (2, "ALTER TABLE sessions ADD COLUMN credential_ref TEXT;"),
+    # SPEC N2, N3, N4: nodes and their leases, session ownership with a fencing token
+    # (owner_epoch), the inbox of events bound for a session another node holds,
+    # requests (a decision, a cancel) bound for the node that runs a call or job, and
+    # the node that runs each job, call and ledger entry (its work, if it dies).
+    (
+        3,
+        """
+        CREATE TABLE nodes (
+            node_id TEXT PRIMARY KEY, lease_until DOUBLE PRECISION NOT NULL,
+            started_at DOUBLE PRECISION NOT NULL, draining BOOLEAN NOT NULL DEFAULT false
+        );
+        ALTER TABLE sessions ADD COLUMN owner_node TEXT;
+        ALTER TABLE sessions ADD COLUMN owner_epoch BIGINT NOT NULL DEFAULT 0;
+        CREATE TABLE inbox (
+            id BIGSERIAL PRIMARY KEY, session_id TEXT NOT NULL, body BYTEA NOT NULL,
+            created_at DOUBLE PRECISION NOT NULL
+        );
+        CREATE INDEX inbox_by_session ON inbox (session_id, id);
+        ALTER TABLE jobs ADD COLUMN node_id TEXT;
+        ALTER TABLE calls ADD COLUMN node_id TEXT;
+        ALTER TABLE call_ledger ADD COLUMN node_id TEXT;
+        CREATE TABLE node_requests (
+            id BIGSERIAL PRIMARY KEY, kind TEXT NOT NULL, session_id TEXT NOT NULL,
+            "user" TEXT NOT NULL, target TEXT NOT NULL, decision TEXT,
+            created_at DOUBLE PRECISION NOT NULL
+        );
+        """,
+    ),
 )
 """``(version, sql)`` in order. ``call_id`` columns are ``BYTEA`` (UTF-8): a client's call
 id may hold U+0000, which PostgreSQL ``TEXT`` cannot store (SPEC D6: a value that binds

@@ -111,6 +111,16 @@ class Pipeline:
         task.cancel()
         return True
 
+    def running(self, session_id: str, call_id: str) -> bool:
+        """Whether the call runs (or waits for approval) here (SPEC N3: routing)."""
+        return (session_id, call_id) in self._call_state
+
+    def cancel_by_id(self, session_id: str, call_id: str) -> bool:
+        """:meth:`cancel` for a call known by ids only: a ``call.cancel`` another node
+        received for a session that moved there (SPEC N3, I8)."""
+        call = self._call_state.get((session_id, call_id))
+        return call is not None and self.cancel(call.session, call_id)
+
     def tasks(self) -> list[asyncio.Task[None]]:
         """The task of every call in flight, of live, parked and expired sessions."""
         found = (c.session.inflight.get(c.call_id) for c in self._call_state.values())

@@ -22,9 +22,14 @@ from catalog.model import Profile
 from gateway.auth import hash_token
 from gateway.outbox import Link, Outbox
 from gateway.store import SessionRow, Store
-from protocol.codec import encode
+from protocol.codec import encode, encode_event
+from protocol.messages import DurableEvent, ToolStarts
 
 logger = logging.getLogger("gateway.session")
+
+INTERNAL_PREFIX = "m_"
+"""Session id prefix of an internal session (the ``/mcp`` endpoint's, SPEC M4); a
+socket's session ids start ``s_``. The prefix survives a restart in the stored row."""
 
 
 @dataclass(slots=True)
@@ -86,19 +91,35 @@ class Session:
     def confirm_tool_calls(self) -> bool:
         return bool(self.options.get("confirm_tool_calls", False))
 
-    def emit(self, cls: type[BaseModel], **fields: Any) -> bytes:
+    @property
+    def ungated_tool_start(self) -> bool:
+        """Whether a call that needs no approval sends ``tool_start`` (SPEC A6: hello
+        option ``tool_start``, ``all`` unless the client chose ``gated``)."""
+        return self.options.get("tool_start") != ToolStarts.GATED
+
+    @property
+    def internal(self) -> bool:
+        """An internal session (``/mcp``, SPEC M4): no socket, not counted against
+        ``limits.max_sessions_per_user`` (SPEC E2)."""
+        return self.id.startswith(INTERNAL_PREFIX)
+
+    def emit(self, event: DurableEvent) -> bytes:
         """Append a durable event to the log and queue it for sending (SPEC D1).
 
         Args:
-            cls: a :data:`protocol.messages.DurableEvent` class.
-            **fields: its fields except ``seq``, which is assigned here (gap-free).
+            event: a :data:`protocol.messages.DurableEvent`, built without ``seq``: the
+                session's next ``seq`` (gap-free) is assigned here, in the encoded bytes
+                only (``event`` itself is frozen and keeps its default).
 
         Returns:
             The encoded event; its ``seq`` is now :attr:`last_seq`. An ended session
             logs and sends nothing.
+
+        Raises:
+            TypeError: a value the codec cannot encode (SPEC I16); nothing is staged.
         """
         seq = self.last_seq + 1
-        data = encode(cls(seq=seq, **fields))
+        data = encode_event(event, seq)
         if self.ended:
             return data
         self.last_seq = seq
@@ -215,7 +236,8 @@ class SessionTable:
         return len(self._per_user)
 
     def count_for(self, user: str, tenant: str | None) -> int:
-        """Sessions (live or parked) the user of that tenant holds (SPEC E2)."""
+        """Sessions (live or parked) the user of that tenant holds (SPEC E2); internal
+        sessions (:attr:`Session.internal`) are not counted."""
         return self._per_user.get((tenant, user), 0)
 
     def new(
@@ -227,11 +249,14 @@ class SessionTable:
         options: dict[str, Any],
         bucket: TokenBucket,
         now_wall: float,
+        *,
+        internal: bool = False,
     ) -> tuple[Session, str]:
-        """Create a session; returns it and its resume token (shown once, stored hashed)."""
+        """Create a session; returns it and its resume token (shown once, stored hashed).
+        ``internal``: the ``/mcp`` endpoint's (SPEC M4), not counted (SPEC E2)."""
         resume_token = secrets.token_urlsafe(32)
         session = Session(
-            id="s_" + secrets.token_urlsafe(16),
+            id=(INTERNAL_PREFIX if internal else "s_") + secrets.token_urlsafe(16),
             token_hash=hash_token(resume_token),
             user=user,
             tenant=tenant,
@@ -261,7 +286,22 @@ class SessionTable:
         Its resume window is the stored one; a session that had a socket when the
         process stopped gets a fresh window from ``now_wall`` (Unix seconds).
         """
-        session = Session(
+        session = self.detached(row, profile, bucket)
+        session.done_calls.update(dict.fromkeys(self.store.done_call_ids(row.session_id)))
+        self._add(session)
+        expires = row.expires_at if row.expires_at is not None else now_wall + self.resume_window
+        session.expires_at = expires
+        session.save()
+        session._expiry = asyncio.get_running_loop().call_later(
+            max(0.0, expires - now_wall), self.end, session
+        )
+        return session
+
+    def detached(self, row: SessionRow, profile: Profile, bucket: TokenBucket) -> Session:
+        """A stored session in memory but not in this table: held by another node, it
+        lets this node emit the events of work it settles for that node's session; the
+        store's fence forwards them to the owner (SPEC N3, N4)."""
+        return Session(
             id=row.session_id,
             token_hash=row.token_hash,
             user=row.user,
@@ -282,18 +322,11 @@ class SessionTable:
             catalog_version=row.catalog_version,
             credential_ref=row.credential_ref,
         )
-        session.done_calls.update(dict.fromkeys(self.store.done_call_ids(row.session_id)))
-        self._add(session)
-        expires = row.expires_at if row.expires_at is not None else now_wall + self.resume_window
-        session.expires_at = expires
-        session.save()
-        session._expiry = asyncio.get_running_loop().call_later(
-            max(0.0, expires - now_wall), self.end, session
-        )
-        return session
 
     def _add(self, session: Session) -> None:
         self.sessions[session.id] = session
+        if session.internal:
+            return
         owner = (session.tenant, session.user)
         self._per_user[owner] = self._per_user.get(owner, 0) + 1
 
@@ -324,6 +357,27 @@ class SessionTable:
         loop = asyncio.get_running_loop()
         session._expiry = loop.call_later(wait, self.end, session)
 
+    def release(self, session: Session) -> Link | None:
+        """Forget ``session`` here without ending it: another node holds it now (SPEC
+        N2). Nothing is cancelled, denied or deleted; its resume timer stops. Returns
+        the link it had, for the caller to close (4000)."""
+        if self.sessions.get(session.id) is not session:
+            return None
+        del self.sessions[session.id]
+        if session._expiry is not None:
+            session._expiry.cancel()
+            session._expiry = None
+        self._uncount(session)
+        link, session.link = session.link, None
+        return link
+
+    def _uncount(self, session: Session) -> None:
+        owner = (session.tenant, session.user)
+        if not session.internal:
+            self._per_user[owner] -= 1
+            if not self._per_user[owner]:
+                del self._per_user[owner]
+
     def end(self, session: Session) -> None:
         """End a session for good: no resume; calls cancelled, approvals denied (SPEC A4)."""
         if session.ended:
@@ -331,11 +385,9 @@ class SessionTable:
         session.ended = True
         if session._expiry is not None:
             session._expiry.cancel()
-        self.sessions.pop(session.id, None)
-        owner = (session.tenant, session.user)
-        self._per_user[owner] -= 1
-        if not self._per_user[owner]:
-            del self._per_user[owner]
+        if self.sessions.get(session.id) is session:  # not released (SPEC N2)
+            del self.sessions[session.id]
+            self._uncount(session)
         self._on_end(session)
         self.outbox.flush()
         self.store.delete_session(session.id)

@@ -9,6 +9,7 @@ A refusal is an ``error`` reply on the session, counted by code.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -23,13 +24,20 @@ from gateway.metrics import Metrics
 from gateway.outbox import Outbox
 from gateway.pipeline import Pipeline
 from gateway.session import Session
-from gateway.store import JobRow, Store
+from gateway.store import JobRow, Store, StoreUnavailable
 from gateway.tasks import TaskSet
 from protocol import messages as m
 from protocol.errors import ErrorCode
 
 if TYPE_CHECKING:
     from gateway.catalog_state import CatalogState
+    from gateway.node_requests import NodeRequests
+
+ROUTED_POLL = 0.05
+"""Seconds between two reads of a job whose cancel went to another node (SPEC N3, J3)."""
+ROUTED_WAIT = 30.0
+"""Seconds a routed ``job.cancel`` waits for the job's final state before it answers
+with the state stored then."""
 
 
 class SessionRequests:
@@ -74,6 +82,9 @@ class SessionRequests:
         self.metrics = metrics
         self.limits = limits
         self.background = background
+        self.routes: NodeRequests | None = None
+        """Set on a store shared by several nodes: a decision or a cancel for a call or
+        job that runs on another node is routed there (SPEC N3)."""
 
     def error(self, s: Session, request_id: str | None, code: ErrorCode, message: str) -> None:
         """Reply ``error`` ``code`` to ``request_id``, counted (SPEC E1)."""
@@ -94,12 +105,36 @@ class SessionRequests:
 
     def call_cancel(self, s: Session, msg: m.CallCancel) -> None:
         """SPEC I8: cancel a running call; ``unknown_call`` when none runs."""
-        if not self.pipeline.cancel(s, msg.call_id):
-            self.error(s, msg.id, ErrorCode.UNKNOWN_CALL, f"no running call {msg.call_id!r}")
+        if self.pipeline.cancel(s, msg.call_id) or self._routed(s, "cancel_call", msg.call_id):
+            return
+        self.error(s, msg.id, ErrorCode.UNKNOWN_CALL, f"no running call {msg.call_id!r}")
+
+    def _routed(self, s: Session, kind: str, target: str, decision: str | None = None) -> bool:
+        """SPEC N3: route a cancel or a decision to the node where its call runs; ``False``
+        when no stored call of ``s`` names ``target`` (or there is one node)."""
+        routes = self.routes
+        if routes is None:
+            return False
+        from gateway.node_requests import Kind
+
+        try:
+            call_id = None if kind == Kind.CONFIRM else target
+            if not routes.running_elsewhere(s.id, call_id, target):
+                return False
+            routes.route(Kind(kind), s.id, s.user, target, decision)
+        except StoreUnavailable:
+            return False
+        return True
 
     def tool_confirm(self, s: Session, msg: m.ToolConfirm) -> None:
         """SPEC A3: first decision wins; anything else is "not accepted" with a reason."""
         reason = self.approvals.confirm(s.id, s.user, msg.approval_id, msg.decision)
+        if reason is m.NotAcceptedReason.UNKNOWN and self._routed(
+            s, "confirm", msg.approval_id, str(msg.decision)
+        ):
+            # SPEC N3, A3: the call waits on another node; the decision went there and
+            # its tool.resolved tells which settlement won.
+            reason = None
         s.reply(
             m.ConfirmResult(
                 id=msg.id, approval_id=msg.approval_id, accepted=reason is None, reason=reason
@@ -157,6 +192,9 @@ class SessionRequests:
         if row is None:
             return
         task = self.jobs.cancel(msg.job_id)
+        if task is None and row.state in (m.JobState.QUEUED, m.JobState.RUNNING) and self.routes:
+            self._route_job_cancel(s, msg, row, current)
+            return
         if task is None:
             text = f"job {msg.job_id!r} already ended ({row.state})"
             self.error(s, msg.id, ErrorCode.JOB_FINISHED, text)
@@ -164,6 +202,35 @@ class SessionRequests:
         # Kept in the gateway's task set: a bare create_task could be collected before it
         # replies, and the job.cancel answer would be lost (SPEC J3).
         self.background.spawn(self._reply_cancelled(msg, task, current), name="job.cancel reply")
+
+    def _route_job_cancel(
+        self, s: Session, msg: m.JobCancel, row: JobRow, current: Callable[[], Session | None]
+    ) -> None:
+        """SPEC N3, J3: the job runs on another node; the cancel goes there and the
+        answer follows once the store holds its final state."""
+        from gateway.node_requests import Kind
+
+        assert self.routes is not None
+        try:
+            self.routes.route(Kind.CANCEL_JOB, s.id, s.user, msg.job_id)
+        except StoreUnavailable:
+            self.error(s, msg.id, ErrorCode.UNAVAILABLE, "the store cannot be written now")
+            return
+        self.background.spawn(self._reply_routed(msg, current), name="job.cancel reply")
+
+    async def _reply_routed(self, msg: m.JobCancel, current: Callable[[], Session | None]) -> None:
+        """SPEC J3: answer a routed ``job.cancel`` once the stored job is final (polled
+        every :data:`ROUTED_POLL` s, at most :data:`ROUTED_WAIT` s; then as it stands)."""
+        row = None
+        for _ in range(int(ROUTED_WAIT / ROUTED_POLL)):
+            with contextlib.suppress(StoreUnavailable):
+                row = self.store.job(msg.job_id)
+            if row is not None and row.state not in (m.JobState.QUEUED, m.JobState.RUNNING):
+                break
+            await asyncio.sleep(ROUTED_POLL)
+        session = current()
+        if row is not None and session is not None:
+            session.reply(fit_job(msg.id, job_info(row), self.catalog.max_frame))
 
     async def _reply_cancelled(
         self, msg: m.JobCancel, task: asyncio.Task[None], current: Callable[[], Session | None]

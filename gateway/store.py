@@ -34,17 +34,20 @@ from __future__ import annotations
 import contextlib
 import logging
 import sqlite3
-import threading
-from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from gateway.store_batch import SqliteBatch
 from gateway.store_check import SCHEMA_VERSION as SCHEMA_VERSION
 from gateway.store_check import StoreDamaged as StoreDamaged
 from gateway.store_check import StoreError as StoreError
 from gateway.store_check import open_checked
-from protocol.codec import decode_json, encode_json
+from gateway.store_checkpoint import Checkpointer
+from gateway.store_rows import BadValue as BadValue
+from gateway.store_rows import JobRow as JobRow
+from gateway.store_rows import LedgerRow as LedgerRow
+from gateway.store_rows import SessionRow as SessionRow
+from gateway.store_rows import checked, job_row, job_values, session_row, session_values
 
 logger = logging.getLogger("gateway.store")
 
@@ -53,81 +56,6 @@ class StoreUnavailable(StoreError):
     """A commit or read could not be done now: the file is locked or busy, the disk is
     full, or an I/O error occurred (SPEC D6). Nothing of a failed commit is durable and
     everything it held stays staged for the next attempt."""
-
-
-class BadValue(StoreError, ValueError):
-    """A value given to a stage method cannot be stored (not encodable as JSON, text
-    that is not valid Unicode). Raised to its caller; nothing of it is staged (SPEC D6)."""
-
-
-@dataclass(frozen=True, slots=True)
-class SessionRow:
-    """A session as stored (SPEC D3). Times are Unix seconds."""
-
-    session_id: str
-    token_hash: str
-    user: str
-    tenant: str | None
-    profile: str
-    context: dict[str, str]
-    options: dict[str, Any]
-    grants: list[str]
-    last_seq: int
-    acked_seq: int
-    floor_seq: int
-    """Events with seq <= floor_seq are gone (acked or over the cap); resume below it fails."""
-    created_at: float
-    expires_at: float | None
-    """When a parked session stops being resumable; ``None`` while a socket holds it."""
-    catalog_version: str | None
-    credential_ref: str | None = None
-    """The reference of the credential it last authenticated with, never the credential
-    (SPEC S6, A7): :func:`gateway.credref.encode_ref` JSON; ``None`` for a row written
-    before schema version 2, which re-validates as revoked (fail closed)."""
-
-
-@dataclass(frozen=True, slots=True)
-class JobRow:
-    """A job as stored (SPEC J1). ``result``/``error`` are JSON objects or ``None``."""
-
-    job_id: str
-    tool: str
-    state: str
-    session_id: str
-    user: str
-    tenant: str | None
-    profile: str
-    call_id: str | None
-    params: dict[str, Any]
-    context: dict[str, str]
-    created_at: float
-    started_at: float | None
-    finished_at: float | None
-    summary: str | None
-    artifacts: list[dict[str, Any]]
-    result: dict[str, Any] | None
-    error: dict[str, Any] | None
-
-
-@dataclass(frozen=True, slots=True)
-class LedgerRow:
-    """One ``call_id`` of a principal in the call ledger (SPEC I15).
-
-    ``tenant`` is ``""`` for a principal without a tenant. ``state`` is ``running`` or
-    ``done``; ``outcome`` holds the terminal event's bytes once ``done`` (its ``seq`` is
-    the first session's: another session gets the event under a ``seq`` of its own).
-    ``params_hash`` is the SHA-256 hex of the parameters' canonical JSON.
-    ``created_at`` is Unix seconds; the row is purged a window after it.
-    """
-
-    tenant: str
-    user: str
-    call_id: str
-    tool: str
-    params_hash: str
-    state: str
-    outcome: bytes | None
-    created_at: float
 
 
 class Store(Protocol):
@@ -265,29 +193,17 @@ _SELECT_SESSIONS = (
 )
 
 
-def _json(value: Any) -> bytes:
-    try:
-        return encode_json(value)
-    except TypeError as exc:  # orjson.JSONEncodeError: not JSON, int over 64 bits
-        raise BadValue(f"value cannot be stored as JSON: {exc}") from exc
-
-
-def _opt_json(value: Any) -> bytes | None:
-    return None if value is None else _json(value)
-
-
-def _load(raw: bytes | None) -> Any:
-    return None if raw is None else decode_json(raw)
-
-
 class SqliteStore:
     """The embedded default :class:`Store`: one SQLite file in WAL mode (SPEC D3).
 
     Args:
         path: the database file (created with its folder), or ``":memory:"``.
+        checkpoint_interval: seconds between two WAL checkpoints of the
+            :class:`~gateway.store_checkpoint.Checkpointer` thread (not for ``:memory:``).
 
     All methods run on the event-loop thread; each commit is one short transaction
-    without an fsync (WAL, ``synchronous=NORMAL``) that never waits on a lock.
+    without an fsync (WAL, ``synchronous=NORMAL``) that never waits on a lock. What is
+    staged waits in a :class:`~gateway.store_batch.SqliteBatch` until :meth:`commit`.
 
     Raises:
         StoreDamaged: at open, the file fails its check (SPEC D6, O5; case F32).
@@ -302,7 +218,7 @@ class SqliteStore:
         # timeout=0: this connection runs on the event loop and must never wait on a
         # lock another connection holds (SPEC D6); a busy file fails the commit at once.
         self._db = open_checked(self.path, _SCHEMA)
-        self._checkpointer: _Checkpointer | None = None
+        self._checkpointer: Checkpointer | None = None
         if str(path) != ":memory:":
             # Checkpoints (which fsync) leave the event loop for a thread of their own;
             # they were a third of the commit cost when SQLite ran them inline.
@@ -311,104 +227,50 @@ class SqliteStore:
             # thread has copied most frames, so it is cheap, and the WAL stays bounded.
             self._db.execute(f"PRAGMA wal_autocheckpoint={WAL_PAGES}")
             self._db.execute(f"PRAGMA journal_size_limit={WAL_PAGES * 4096}")
-            self._checkpointer = _Checkpointer(str(path), checkpoint_interval)
-        self._events: list[tuple[str, int, bytes]] = []
-        self._sessions: dict[str, tuple[Any, ...]] = {}
-        """Session rows staged as the values to write, encoded and checked (SPEC D6)."""
-        self._seqs: dict[str, tuple[int, int, int]] = {}
-        self._calls: dict[tuple[str, str], tuple[str, str, str, bytes | None]] = {}
-        self._forget: list[tuple[str, str]] = []
-        self._jobs: dict[str, tuple[Any, ...]] = {}
-        self._deletes: list[str] = []
-        self._purge_before: float | None = None
-        self._ledger: dict[tuple[str, str, str], LedgerRow] = {}
-        self._ledger_before: float | None = None
+            self._checkpointer = Checkpointer(str(path), checkpoint_interval)
+        self._batch = SqliteBatch()
 
     # -- staging ---------------------------------------------------------------------
 
     def stage_event(self, session_id: str, seq: int, body: bytes) -> None:
         # ``body`` comes encoded from protocol.codec (valid UTF-8 JSON): nothing to check.
-        self._events.append((session_id, seq, body))
+        self._batch.events.append((session_id, seq, body))
 
     def stage_session(self, row: SessionRow) -> None:
-        self._sessions[row.session_id] = _checked(_session_values(row), "session")
-        self._seqs.pop(row.session_id, None)
+        batch = self._batch
+        batch.sessions[row.session_id] = checked(session_values(row), "session")
+        batch.seqs.pop(row.session_id, None)
 
     def stage_seq(self, session_id: str, last_seq: int, acked_seq: int, floor_seq: int) -> None:
-        self._seqs[session_id] = (last_seq, acked_seq, floor_seq)
+        self._batch.seqs[session_id] = (last_seq, acked_seq, floor_seq)
 
     def stage_call(self, session_id: str, call_id: str, state: str, body: bytes | None) -> None:
-        # Keyed: a call that starts and ends within one tick is written once.
-        self._calls[(session_id, call_id)] = (session_id, call_id, state, body)
+        self._batch.calls[(session_id, call_id)] = (session_id, call_id, state, body)
 
     def stage_forget_call(self, session_id: str, call_id: str) -> None:
-        self._calls.pop((session_id, call_id), None)
-        self._forget.append((session_id, call_id))
+        self._batch.calls.pop((session_id, call_id), None)
+        self._batch.forget.append((session_id, call_id))
 
     def stage_job(self, row: JobRow) -> None:
-        self._jobs[row.job_id] = _checked(_job_values(row), f"job {row.job_id}")
+        self._batch.jobs[row.job_id] = checked(job_values(row), f"job {row.job_id}")
 
     def stage_ledger(self, row: LedgerRow) -> None:
-        self._ledger[(row.tenant, row.user, row.call_id)] = row
+        self._batch.ledger[(row.tenant, row.user, row.call_id)] = row
 
     @property
     def dirty(self) -> bool:
         """Whether anything is staged and not yet committed."""
-        return bool(
-            self._events
-            or self._sessions
-            or self._seqs
-            or self._calls
-            or self._jobs
-            or self._forget
-            or self._ledger
-            or self._ledger_before is not None
-            or self._deletes
-            or self._purge_before is not None
-        )
+        return self._batch.dirty
 
     def commit(self) -> None:
-        if not self.dirty:
+        if not self._batch.dirty:
             return
         db = self._db
         try:
             # IMMEDIATE takes the write lock first: a file locked by another connection
             # fails here, before anything is written (busy_timeout 0: at once).
             db.execute("BEGIN IMMEDIATE")
-            if self._sessions:
-                db.executemany(
-                    "INSERT OR REPLACE INTO sessions VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                    self._sessions.values(),
-                )
-            if self._events:
-                db.executemany(
-                    "INSERT OR REPLACE INTO events (session_id, seq, body) VALUES (?,?,?)",
-                    self._events,
-                )
-            if self._calls:
-                db.executemany(
-                    "INSERT OR REPLACE INTO calls (session_id, call_id, state, body) "
-                    "VALUES (?,?,?,?)",
-                    self._calls.values(),
-                )
-            if self._forget:
-                db.executemany("DELETE FROM calls WHERE session_id=? AND call_id=?", self._forget)
-            if self._seqs:
-                self._commit_seqs(db)
-            if self._jobs:
-                db.executemany(
-                    "INSERT OR REPLACE INTO jobs VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                    self._jobs.values(),
-                )
-            if self._ledger:
-                db.executemany(
-                    "INSERT OR REPLACE INTO call_ledger VALUES (?,?,?,?,?,?,?,?)",
-                    [_ledger_values(row) for row in self._ledger.values()],
-                )
-            if self._ledger_before is not None:
-                db.execute("DELETE FROM call_ledger WHERE created_at<?", (self._ledger_before,))
-            if self._deletes:
-                self._commit_deletes(db)
+            self._batch.write(db)
             db.execute("COMMIT")
         except sqlite3.Error as exc:
             # SPEC D6: nothing of this batch is durable; keep it all staged for the next
@@ -418,10 +280,7 @@ class SqliteStore:
         except BaseException:
             self._rollback()
             raise
-        self._events, self._calls, self._forget = [], {}, []
-        self._sessions, self._seqs, self._jobs = {}, {}, {}
-        self._ledger, self._ledger_before = {}, None
-        self._deletes, self._purge_before = [], None
+        self._batch = SqliteBatch()
 
     def _rollback(self) -> None:
         """End a failed transaction. SQLite may already have rolled it back itself (a
@@ -433,41 +292,20 @@ class SqliteStore:
         except sqlite3.Error as exc:  # the connection is unusable; the next BEGIN says so
             logger.warning("%s: rollback after a failed commit failed: %s", self.path, exc)
 
-    def _commit_deletes(self, db: sqlite3.Connection) -> None:
-        """Sessions ended and jobs past retention, last in the batch (SPEC D2)."""
-        rows = [(sid,) for sid in self._deletes]
-        for table in ("sessions", "events", "calls"):
-            db.executemany(f"DELETE FROM {table} WHERE session_id=?", rows)
-        if self._purge_before is not None:
-            db.execute(
-                "DELETE FROM jobs WHERE finished_at IS NOT NULL AND finished_at<?",
-                (self._purge_before,),
-            )
-
-    def _commit_seqs(self, db: sqlite3.Connection) -> None:
-        rows = [(last, acked, floor, sid) for sid, (last, acked, floor) in self._seqs.items()]
-        db.executemany(
-            "UPDATE sessions SET last_seq=?, acked_seq=?, floor_seq=? WHERE session_id=?", rows
-        )
-        db.executemany(
-            "DELETE FROM events WHERE session_id=? AND seq<=?",
-            [(sid, floor) for sid, (_, _, floor) in self._seqs.items()],
-        )
-
     # -- reads -----------------------------------------------------------------------
 
     def load_session(self, session_id: str) -> SessionRow | None:
         cur = self._db.execute(_SELECT_SESSIONS + " WHERE s.session_id=?", (session_id,))
         row = cur.fetchone()
-        return None if row is None else _session_row(row)
+        return None if row is None else session_row(row)
 
     def all_sessions(self) -> list[SessionRow]:
-        return [_session_row(row) for row in self._db.execute(_SELECT_SESSIONS)]
+        return [session_row(row) for row in self._db.execute(_SELECT_SESSIONS)]
 
     def delete_session(self, session_id: str) -> None:
         # Staged like every write (SPEC D6): a locked file must not fail or stall the end
         # of a session; the deletion runs last in the next commit.
-        self._deletes.append(session_id)
+        self._batch.deletes.append(session_id)
 
     def events_after(
         self, session_id: str, seq: int, limit: int | None = None
@@ -515,7 +353,7 @@ class SqliteStore:
 
     def job(self, job_id: str) -> JobRow | None:
         row = self._db.execute("SELECT * FROM jobs WHERE job_id=?", (job_id,)).fetchone()
-        return None if row is None else _job_row(row)
+        return None if row is None else job_row(row)
 
     def jobs(self, user: str, tenant: str | None, state: str | None, limit: int) -> list[JobRow]:
         sql = "SELECT * FROM jobs WHERE user=? AND tenant IS ?"
@@ -525,11 +363,11 @@ class SqliteStore:
             args.append(state)
         sql += " ORDER BY created_at DESC, rowid DESC LIMIT ?"
         args.append(limit)
-        return [_job_row(row) for row in self._db.execute(sql, args)]
+        return [job_row(row) for row in self._db.execute(sql, args)]
 
     def unfinished_jobs(self) -> list[JobRow]:
         cur = self._db.execute("SELECT * FROM jobs WHERE state IN ('queued', 'running')")
-        return [_job_row(row) for row in cur]
+        return [job_row(row) for row in cur]
 
     def purge(self, now: float, job_retention: float) -> None:
         cur = self._db.execute(
@@ -537,13 +375,13 @@ class SqliteStore:
         )
         for (session_id,) in list(cur):
             self.delete_session(session_id)
-        self._purge_before = now - job_retention
+        self._batch.purge_before = now - job_retention
         # A store that cannot commit now keeps the purge staged for the next commit.
         with contextlib.suppress(StoreUnavailable):
             self.commit()
 
     def ledger(self, tenant: str, user: str, call_id: str) -> LedgerRow | None:
-        staged = self._ledger.get((tenant, user, call_id))
+        staged = self._batch.ledger.get((tenant, user, call_id))
         if staged is not None:
             return staged
         row = self._db.execute(
@@ -558,7 +396,7 @@ class SqliteStore:
 
     def purge_ledger(self, before: float) -> None:
         # Staged like purge(): a locked store is never waited on here (SPEC D6).
-        self._ledger_before = before
+        self._batch.ledger_before = before
         with contextlib.suppress(StoreUnavailable):
             self.commit()
 
@@ -567,158 +405,7 @@ class SqliteStore:
             self.commit()
         except StoreUnavailable as exc:
             # Never sent (SPEC D6): no client holds these events, so the log stays whole.
-            logger.error("%s; %d staged events dropped at close", exc, len(self._events))
+            logger.error("%s; %d staged events dropped at close", exc, len(self._batch.events))
         if self._checkpointer is not None:
             self._checkpointer.stop()
         self._db.close()
-
-
-class _Checkpointer:
-    """Copies the WAL into the database file every ``interval`` seconds, on its own
-    thread and connection (``PRAGMA wal_checkpoint(PASSIVE)``: it never blocks writers),
-    so that commits on the event loop stay short appends to the WAL."""
-
-    def __init__(self, path: str, interval: float) -> None:
-        self._path = path
-        self._interval = interval
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="toolbus-checkpoint", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        db = sqlite3.connect(self._path, isolation_level=None)
-        failing = False
-        try:
-            while not self._stop.wait(self._interval):
-                # A full disk or an I/O error fails a checkpoint; the WAL keeps the data
-                # and the next one catches up. The thread must not die of it (SPEC D6).
-                try:
-                    db.execute("PRAGMA wal_checkpoint(PASSIVE)")
-                except sqlite3.Error as exc:
-                    if not failing:
-                        logger.warning("%s: checkpoint failed, will retry: %s", self._path, exc)
-                    failing = True
-                    continue
-                failing = False
-            with contextlib.suppress(sqlite3.Error):
-                db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        finally:
-            db.close()
-
-    def stop(self) -> None:
-        """Run a last full checkpoint and end the thread."""
-        self._stop.set()
-        self._thread.join()
-
-
-def _checked(values: tuple[Any, ...], what: str) -> tuple[Any, ...]:
-    """``values`` if SQLite can bind every one of them; else :class:`BadValue` (SPEC D6)."""
-    for value in values:
-        if isinstance(value, str):
-            try:
-                value.encode()
-            except UnicodeEncodeError as exc:
-                raise BadValue(f"{what}: text is not valid Unicode ({exc.reason})") from exc
-    return values
-
-
-def _session_values(row: SessionRow) -> tuple[Any, ...]:
-    return (
-        row.session_id,
-        row.token_hash,
-        row.user,
-        row.tenant,
-        row.profile,
-        _json(row.context),
-        _json(row.options),
-        _json(row.grants),
-        row.last_seq,
-        row.acked_seq,
-        row.floor_seq,
-        row.created_at,
-        row.expires_at,
-        row.catalog_version,
-        row.credential_ref,
-    )
-
-
-def _session_row(row: Iterable[Any]) -> SessionRow:
-    (sid, token_hash, user, tenant, profile, context, options, grants, *rest) = row
-    last_seq, acked_seq, floor_seq, created_at, expires_at, *rest = rest
-    catalog_version, credential_ref, logged = rest
-    return SessionRow(
-        sid,
-        token_hash,
-        user,
-        tenant,
-        profile,
-        _load(context),
-        _load(options),
-        _load(grants),
-        max(last_seq, logged or 0),
-        acked_seq,
-        floor_seq,
-        created_at,
-        expires_at,
-        catalog_version,
-        credential_ref,
-    )
-
-
-def _ledger_values(row: LedgerRow) -> tuple[Any, ...]:
-    return (
-        row.tenant,
-        row.user,
-        row.call_id,
-        row.tool,
-        row.params_hash,
-        row.state,
-        row.outcome,
-        row.created_at,
-    )
-
-
-def _job_values(row: JobRow) -> tuple[Any, ...]:
-    return (
-        row.job_id,
-        row.tool,
-        row.state,
-        row.session_id,
-        row.user,
-        row.tenant,
-        row.profile,
-        row.call_id,
-        _json(row.params),
-        _json(row.context),
-        row.created_at,
-        row.started_at,
-        row.finished_at,
-        row.summary,
-        _json(row.artifacts),
-        _opt_json(row.result),
-        _opt_json(row.error),
-    )
-
-
-def _job_row(row: Iterable[Any]) -> JobRow:
-    (job_id, tool, state, sid, user, tenant, profile, call_id, params, context, *rest) = row
-    created_at, started_at, finished_at, summary, artifacts, result, error = rest
-    return JobRow(
-        job_id,
-        tool,
-        state,
-        sid,
-        user,
-        tenant,
-        profile,
-        call_id,
-        _load(params),
-        _load(context),
-        created_at,
-        started_at,
-        finished_at,
-        summary,
-        _load(artifacts),
-        _load(result),
-        _load(error),
-    )

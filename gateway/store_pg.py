@@ -1,8 +1,9 @@
 """The PostgreSQL :class:`~gateway.store.Store` (SPEC N1, D6).
 
 Chosen by ``store.url`` (``TOOLBUS_STORE__URL``) holding a ``postgresql://`` URL; SQLite
-stays the default. The contract is the SQLite store's: every write is *staged* in memory,
-encoded and checked at staging (:class:`~gateway.store.BadValue` to its one caller), and
+stays the default. The contract is the SQLite store's: every write is *staged* in memory
+(a :class:`~gateway.store_pg_batch.PgBatch`, which holds the commit's SQL too), encoded
+and checked at staging (:class:`~gateway.store.BadValue` to its one caller), and
 :meth:`PgStore.commit` writes everything staged in one transaction. A commit that fails
 rolls back and raises :class:`~gateway.store.StoreUnavailable` with everything still
 staged, in order; the outbox holds the frames and retries (SPEC D6, N7).
@@ -18,60 +19,30 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from typing import Any
 
 import psycopg
 
+from gateway.pg_fence import Fence, TakeOver
 from gateway.pg_link import PgLink
-from gateway.store import (
+from gateway.store import StoreUnavailable
+from gateway.store_pg_batch import JOB_COLS, LEDGER_COLS, SESSION_COLS, PgBatch, cid
+from gateway.store_rows import (
     BadValue,
     JobRow,
     LedgerRow,
     SessionRow,
-    StoreUnavailable,
-    _job_row,
-    _job_values,
-    _session_row,
-    _session_values,
+    job_row,
+    job_values,
+    session_row,
+    session_values,
 )
 
 logger = logging.getLogger("gateway.store_pg")
 
-_SESSION_COLS = (
-    'session_id, token_hash, "user", tenant, profile, context, options, grants, last_seq, '
-    "acked_seq, floor_seq, created_at, expires_at, catalog_version, credential_ref"
-)
-_JOB_COLS = (
-    'job_id, tool, state, session_id, "user", tenant, profile, call_id, params, context, '
-    "created_at, started_at, finished_at, summary, artifacts, result, error"
-)
-_LEDGER_COLS = 'tenant, "user", call_id, tool, params_hash, state, outcome, created_at'
-
-
-def _upsert(table: str, cols: str, key: str) -> str:
-    names = [c.strip() for c in cols.split(",")]
-    marks = ",".join(["%s"] * len(names))
-    keys = {k.strip() for k in key.split(",")}
-    sets = ",".join(f"{n}=EXCLUDED.{n}" for n in names if n not in keys)
-    return f"INSERT INTO {table} ({cols}) VALUES ({marks}) ON CONFLICT ({key}) DO UPDATE SET {sets}"
-
-
-_INSERT_SESSION = _upsert("sessions", _SESSION_COLS, "session_id")
-_INSERT_JOB = _upsert("jobs", _JOB_COLS, "job_id")
-_INSERT_LEDGER = _upsert("call_ledger", _LEDGER_COLS, 'tenant, "user", call_id')
-_INSERT_EVENT = (
-    "INSERT INTO events (session_id, seq, body) VALUES (%s,%s,%s) "
-    "ON CONFLICT (session_id, seq) DO UPDATE SET body=EXCLUDED.body"
-)
-# id=DEFAULT: a rewritten call moves to the end, as SQLite's INSERT OR REPLACE does, so
-# done_call_ids keeps the order in which calls ended (SPEC I12).
-_INSERT_CALL = (
-    "INSERT INTO calls (session_id, call_id, state, body) VALUES (%s,%s,%s,%s) "
-    "ON CONFLICT (session_id, call_id) DO UPDATE SET state=EXCLUDED.state, "
-    "body=EXCLUDED.body, id=DEFAULT"
-)
 _SELECT_SESSIONS = (
-    f"SELECT {', '.join('s.' + c.strip() for c in _SESSION_COLS.split(','))}, "
+    f"SELECT {', '.join('s.' + c.strip() for c in SESSION_COLS.split(','))}, "
     "(SELECT max(seq) FROM events e WHERE e.session_id = s.session_id) FROM sessions s"
 )
 
@@ -88,11 +59,6 @@ def _text_checked(values: tuple[Any, ...], what: str) -> tuple[Any, ...]:
             except UnicodeEncodeError as exc:
                 raise BadValue(f"{what}: text is not valid Unicode ({exc.reason})") from exc
     return values
-
-
-def _cid(call_id: str) -> bytes:
-    # surrogatepass: any str the codec produced round-trips, whatever it holds.
-    return call_id.encode("utf-8", "surrogatepass")
 
 
 def _ledger_row(row: tuple[Any, ...]) -> LedgerRow:
@@ -125,59 +91,50 @@ class PgStore:
         self.url = url
         self.link = PgLink(url)
         """The connection (SPEC D6: bounded waits, reconnection off the loop)."""
+        self.fence: Fence | None = None
+        """Set by :class:`gateway.nodes.Node`: this node's fencing tokens (SPEC N2).
+        ``None``: no fencing (a store used alone, by tools and the store's tests)."""
         self._reset()
 
     def _reset(self) -> None:
-        self._events: list[tuple[str, int, bytes]] = []
-        self._sessions: dict[str, tuple[Any, ...]] = {}
-        self._seqs: dict[str, tuple[int, int, int]] = {}
-        self._calls: dict[tuple[str, str], tuple[str, bytes, str, bytes | None]] = {}
-        self._forget: list[tuple[str, bytes]] = []
-        self._jobs: dict[str, tuple[Any, ...]] = {}
-        self._ledger: dict[tuple[str, str, str], LedgerRow] = {}
-        self._deletes: list[str] = []
-        self._purge_before: float | None = None
+        self._batch = PgBatch()
 
     # -- staging ---------------------------------------------------------------------
 
     def stage_event(self, session_id: str, seq: int, body: bytes) -> None:
-        self._events.append((session_id, seq, body))
+        self._batch.events.append((session_id, seq, body))
 
     def stage_session(self, row: SessionRow) -> None:
-        self._sessions[row.session_id] = _text_checked(_session_values(row), "session")
-        self._seqs.pop(row.session_id, None)
+        values = _text_checked(session_values(row), "session")
+        fence, sid = self.fence, row.session_id
+        owner = (None, 0) if fence is None else (fence.node_id, fence.new_session(sid))
+        self._batch.sessions[sid] = (*values, *owner)
+        self._batch.seqs.pop(row.session_id, None)
 
     def stage_seq(self, session_id: str, last_seq: int, acked_seq: int, floor_seq: int) -> None:
-        self._seqs[session_id] = (last_seq, acked_seq, floor_seq)
+        self._batch.seqs[session_id] = (last_seq, acked_seq, floor_seq)
 
     def stage_call(self, session_id: str, call_id: str, state: str, body: bytes | None) -> None:
-        self._calls[(session_id, call_id)] = (session_id, _cid(call_id), state, body)
+        node = self.fence.node_id if self.fence is not None else None
+        self._batch.calls[(session_id, call_id)] = (session_id, cid(call_id), state, body, node)
 
     def stage_forget_call(self, session_id: str, call_id: str) -> None:
-        self._calls.pop((session_id, call_id), None)
-        self._forget.append((session_id, _cid(call_id)))
+        self._batch.calls.pop((session_id, call_id), None)
+        self._batch.forget.append((session_id, cid(call_id)))
 
     def stage_job(self, row: JobRow) -> None:
-        self._jobs[row.job_id] = _text_checked(_job_values(row), f"job {row.job_id}")
+        values = _text_checked(job_values(row), f"job {row.job_id}")
+        self._batch.jobs[row.job_id] = (*values, self.fence.node_id if self.fence else None)
 
     def stage_ledger(self, row: LedgerRow) -> None:
         _text_checked((row.tenant, row.user, row.tool, row.params_hash), "call ledger")
-        self._ledger[(row.tenant, row.user, row.call_id)] = row
+        self._batch.ledger[(row.tenant, row.user, row.call_id)] = row
 
     @property
     def dirty(self) -> bool:
         """Whether anything is staged and not yet committed."""
-        return bool(
-            self._events
-            or self._sessions
-            or self._seqs
-            or self._calls
-            or self._jobs
-            or self._forget
-            or self._ledger
-            or self._deletes
-            or self._purge_before is not None
-        )
+        fence = self.fence
+        return self._batch.dirty or (fence is not None and bool(fence.consumed_rows))
 
     # -- commit ----------------------------------------------------------------------
 
@@ -189,59 +146,68 @@ class PgStore:
         """
         if not self.dirty:
             return
-        db = self.link.conn()
+        fence = self.fence
+        if fence is not None and fence.dead:
+            # SPEC N4: another node claimed this one's work; nothing it would write is
+            # true any more, and nothing staged may be sent (SPEC D1): fail every commit.
+            raise StoreUnavailable(f"store {self.link.where}: this node was declared dead")
+        db, batch = self.link.conn(), self._batch
+        fenced: dict[str, str | None] = {}
         try:
             with db.pipeline(), db.transaction(), db.cursor() as cur:
-                self._write(cur)
+                if fence is not None:
+                    # SPEC N2: what this node no longer holds is neither written nor sent.
+                    fenced = fence.check(cur, batch.touched())
+                    fence.forward(cur, fenced, batch.events, time.time())
+                batch.write(cur, set(fenced), fence.node_id if fence is not None else None)
         except psycopg.Error as exc:
             raise self.link.failed(exc, "commit") from exc
+        deleted = batch.deletes
         self._reset()
+        if fence is not None:
+            fence.committed(fenced, deleted)
 
-    def _write(self, cur: psycopg.Cursor[tuple[Any, ...]]) -> None:
-        """The statements of one commit, in the SQLite store's order."""
-        if self._sessions:
-            cur.executemany(_INSERT_SESSION, list(self._sessions.values()))
-        if self._events:
-            cur.executemany(_INSERT_EVENT, self._events)
-        if self._calls:
-            cur.executemany(_INSERT_CALL, list(self._calls.values()))
-        if self._forget:
-            cur.executemany("DELETE FROM calls WHERE session_id=%s AND call_id=%s", self._forget)
-        if self._seqs:
-            seqs = [(la, ac, fl, sid) for sid, (la, ac, fl) in self._seqs.items()]
-            cur.executemany(
-                "UPDATE sessions SET last_seq=%s, acked_seq=%s, floor_seq=%s WHERE session_id=%s",
-                seqs,
-            )
-            cur.executemany(
-                "DELETE FROM events WHERE session_id=%s AND seq<=%s",
-                [(sid, fl) for sid, (_, _, fl) in self._seqs.items()],
-            )
-        if self._jobs:
-            cur.executemany(_INSERT_JOB, list(self._jobs.values()))
-        if self._ledger:
-            cur.executemany(_INSERT_LEDGER, [_ledger_values(r) for r in self._ledger.values()])
-        if self._deletes:
-            rows = [(sid,) for sid in self._deletes]
-            for table in ("sessions", "events", "calls"):
-                cur.executemany(f"DELETE FROM {table} WHERE session_id=%s", rows)
-        if self._purge_before is not None:
-            cur.execute(
-                "DELETE FROM jobs WHERE finished_at IS NOT NULL AND finished_at<%s",
-                (self._purge_before,),
-            )
+    def take_over(self, session_id: str) -> tuple[SessionRow, TakeOver] | None:
+        """Make this node the session's owner (SPEC N2; :meth:`Fence.take_over`) and read
+        its row after, ``last_seq`` being the highest stored ``seq``. ``None``: no such
+        session. Call it with nothing staged (the outbox flushed).
+
+        Raises:
+            StoreUnavailable: it could not be done now; nothing changed.
+        """
+        fence = self.fence
+        assert fence is not None, "take_over needs a node (gateway.nodes.Node)"
+        db = self.link.conn()
+        try:
+            took = fence.take_over(db, session_id)
+            rows = db.execute(_SELECT_SESSIONS + " WHERE s.session_id=%s", (session_id,)).fetchall()
+        except psycopg.Error as exc:
+            raise self.link.failed(exc, "take over") from exc
+        if took is None or not rows:
+            return None
+        return session_row(rows[0]), took
+
+    def inbox(self, limit: int) -> list[tuple[int, str, bytes]]:
+        """Inbox rows for the sessions this node owns, oldest first (SPEC N3)."""
+        fence = self.fence
+        assert fence is not None, "inbox needs a node (gateway.nodes.Node)"
+        db = self.link.conn()
+        try:
+            return fence.inbox(db, limit)
+        except psycopg.Error as exc:
+            raise self.link.failed(exc, "inbox read") from exc
 
     # -- reads -----------------------------------------------------------------------
 
     def load_session(self, session_id: str) -> SessionRow | None:
         rows = self.link.read(_SELECT_SESSIONS + " WHERE s.session_id=%s", (session_id,))
-        return _session_row(rows[0]) if rows else None
+        return session_row(rows[0]) if rows else None
 
     def all_sessions(self) -> list[SessionRow]:
-        return [_session_row(row) for row in self.link.read(_SELECT_SESSIONS)]
+        return [session_row(row) for row in self.link.read(_SELECT_SESSIONS)]
 
     def delete_session(self, session_id: str) -> None:
-        self._deletes.append(session_id)
+        self._batch.deletes.append(session_id)
 
     def events_after(
         self, session_id: str, seq: int, limit: int | None = None
@@ -264,7 +230,7 @@ class PgStore:
     def call(self, session_id: str, call_id: str) -> tuple[str, bytes | None] | None:
         rows = self.link.read(
             "SELECT state, body FROM calls WHERE session_id=%s AND call_id=%s",
-            (session_id, _cid(call_id)),
+            (session_id, cid(call_id)),
         )
         if not rows:
             return None
@@ -288,12 +254,12 @@ class PgStore:
         ]
 
     def job(self, job_id: str) -> JobRow | None:
-        rows = self.link.read(f"SELECT {_JOB_COLS} FROM jobs WHERE job_id=%s", (job_id,))
-        return _job_row(rows[0]) if rows else None
+        rows = self.link.read(f"SELECT {JOB_COLS} FROM jobs WHERE job_id=%s", (job_id,))
+        return job_row(rows[0]) if rows else None
 
     def jobs(self, user: str, tenant: str | None, state: str | None, limit: int) -> list[JobRow]:
         sql = (
-            f'SELECT {_JOB_COLS} FROM jobs WHERE "user"=%s AND tenant IS NOT DISTINCT FROM %s::text'
+            f'SELECT {JOB_COLS} FROM jobs WHERE "user"=%s AND tenant IS NOT DISTINCT FROM %s::text'
         )
         args: list[Any] = [user, tenant]
         if state is not None:
@@ -301,35 +267,35 @@ class PgStore:
             args.append(state)
         sql += " ORDER BY created_at DESC, id DESC LIMIT %s"
         args.append(limit)
-        return [_job_row(row) for row in self.link.read(sql, tuple(args))]
+        return [job_row(row) for row in self.link.read(sql, tuple(args))]
 
     def unfinished_jobs(self) -> list[JobRow]:
-        rows = self.link.read(f"SELECT {_JOB_COLS} FROM jobs WHERE state IN ('queued', 'running')")
-        return [_job_row(row) for row in rows]
+        rows = self.link.read(f"SELECT {JOB_COLS} FROM jobs WHERE state IN ('queued', 'running')")
+        return [job_row(row) for row in rows]
 
     def purge(self, now: float, job_retention: float) -> None:
         rows = self.link.read(
             "SELECT session_id FROM sessions WHERE expires_at IS NOT NULL AND expires_at<%s",
             (now,),
         )
-        for (session_id,) in rows:
-            self.delete_session(session_id)
-        self._purge_before = now - job_retention
+        # Expired wherever they were held: the purge is not fenced (SPEC D2, N2).
+        self._batch.purged.extend(session_id for (session_id,) in rows)
+        self._batch.purge_before = now - job_retention
         with contextlib.suppress(StoreUnavailable):
             self.commit()
 
     def ledger(self, tenant: str, user: str, call_id: str) -> LedgerRow | None:
-        staged = self._ledger.get((tenant, user, call_id))
+        staged = self._batch.ledger.get((tenant, user, call_id))
         if staged is not None:
             return staged
         rows = self.link.read(
-            f'SELECT {_LEDGER_COLS} FROM call_ledger WHERE tenant=%s AND "user"=%s AND call_id=%s',
-            (tenant, user, _cid(call_id)),
+            f'SELECT {LEDGER_COLS} FROM call_ledger WHERE tenant=%s AND "user"=%s AND call_id=%s',
+            (tenant, user, cid(call_id)),
         )
         return _ledger_row(rows[0]) if rows else None
 
     def running_ledger(self) -> list[LedgerRow]:
-        rows = self.link.read(f"SELECT {_LEDGER_COLS} FROM call_ledger WHERE state='running'")
+        rows = self.link.read(f"SELECT {LEDGER_COLS} FROM call_ledger WHERE state='running'")
         return [_ledger_row(row) for row in rows]
 
     def purge_ledger(self, before: float) -> None:
@@ -339,18 +305,50 @@ class PgStore:
         try:
             self.commit()
         except StoreUnavailable as exc:
-            logger.error("%s; %d staged events dropped at close", exc, len(self._events))
+            logger.error("%s; %d staged events dropped at close", exc, len(self._batch.events))
         self.link.close()
 
 
-def _ledger_values(row: LedgerRow) -> tuple[Any, ...]:
-    return (
-        row.tenant,
-        row.user,
-        _cid(row.call_id),
-        row.tool,
-        row.params_hash,
-        row.state,
-        row.outcome,
-        row.created_at,
-    )
+class PgNodeWork:
+    """What a dead node left in the shared store, read by the node that claimed it
+    (SPEC N4; :class:`gateway.node_claim.NodeClaim`).
+
+    Args:
+        link: the store's connection (:attr:`PgStore.link`).
+    """
+
+    def __init__(self, link: PgLink) -> None:
+        self._link = link
+
+    def sessions_held_by(self, node: str) -> list[str]:
+        """Ids of the sessions ``node`` owns."""
+        rows = self._link.read("SELECT session_id FROM sessions WHERE owner_node=%s", (node,))
+        return [sid for (sid,) in rows]
+
+    def running_calls_of(self, node: str) -> list[tuple[str, str, bytes | None]]:
+        """:meth:`PgStore.running_calls` that ``node`` ran."""
+        rows = self._link.read(
+            "SELECT session_id, call_id, body FROM calls WHERE state<>'done' AND node_id=%s "
+            "ORDER BY id",
+            (node,),
+        )
+        return [
+            (sid, bytes(cid).decode("utf-8", "surrogatepass"), None if b is None else bytes(b))
+            for sid, cid, b in rows
+        ]
+
+    def running_ledger_of(self, node: str) -> list[LedgerRow]:
+        """:meth:`PgStore.running_ledger` rows that ``node`` ran."""
+        rows = self._link.read(
+            f"SELECT {LEDGER_COLS} FROM call_ledger WHERE state='running' AND node_id=%s",
+            (node,),
+        )
+        return [_ledger_row(row) for row in rows]
+
+    def unfinished_jobs_of(self, node: str) -> list[JobRow]:
+        """:meth:`PgStore.unfinished_jobs` that ``node`` ran."""
+        rows = self._link.read(
+            f"SELECT {JOB_COLS} FROM jobs WHERE state IN ('queued', 'running') AND node_id=%s",
+            (node,),
+        )
+        return [job_row(row) for row in rows]

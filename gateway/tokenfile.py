@@ -15,6 +15,8 @@ import pydantic
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
+from catalog.errors import did_you_mean
+
 
 class TokenFileError(ValueError):
     """The token file is unreadable or malformed; the message names the file and key."""
@@ -50,8 +52,9 @@ def read_token_file(path: Path) -> list[TokenEntry]:
 
     Raises:
         TokenFileError: the file cannot be read, is not YAML, or an entry is malformed
-            (e.g. ``token file t.yaml: tokens.1.sha256: Field required``); the message
-            never contains a digest or token.
+            (e.g. ``token file t.yaml: tokens.1.sha256: Field required``, or
+            ``tokens.0.usr: unknown key (did you mean user?); allowed: ...``); the
+            message never contains a digest or token.
     """
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
@@ -64,7 +67,11 @@ def read_token_file(path: Path) -> list[TokenEntry]:
     except pydantic.ValidationError as exc:
         first = exc.errors(include_url=False)[0]
         key = ".".join(str(part) for part in first["loc"]) or "(top level)"
-        message = "unknown key" if first["type"] == "extra_forbidden" else first["msg"]
+        message = first["msg"]
+        if first["type"] == "extra_forbidden":
+            model = TokenEntry if len(first["loc"]) > 1 else TokenFile
+            hint = did_you_mean(str(first["loc"][-1]), model.model_fields)
+            message = f"unknown key{hint}; allowed: {', '.join(sorted(model.model_fields))}"
         more = exc.error_count() - 1
         tail = f" (and {more} more problem{'s' * (more != 1)})" if more else ""
         raise TokenFileError(f"token file {path}: {key}: {message}{tail}") from None

@@ -8,11 +8,14 @@ is a distinct :class:`~protocol.errors.ErrorCode`; :func:`decode_client` and
 so no exception escapes to the caller whatever the bytes.
 
 Only this module calls orjson. Encoding never emits ``NaN`` or ``Infinity`` (orjson
-writes ``null`` for them, which keeps the output valid JSON).
+writes ``null`` for them, which keeps the output valid JSON); a handler's value that
+holds one is refused before it is sent (:func:`non_finite`, SPEC I16), so no number
+turns into ``null`` on the way.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any, Final
 
@@ -20,7 +23,13 @@ import orjson
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from protocol.errors import DecodeError, ErrorCode
-from protocol.messages import ClientMessage, ServerMessage
+from protocol.messages import (
+    DURABLE_TYPES,
+    ClientMessage,
+    DurableEvent,
+    ServerMessage,
+    type_name,
+)
 
 DEFAULT_MAX_DEPTH: Final = 32
 """Default nesting limit of a decoded message: objects and arrays, the top object is 1."""
@@ -48,6 +57,9 @@ _PYDANTIC_CODES: Final[dict[str, ErrorCode]] = {
     "union_tag_not_found": ErrorCode.MISSING_TYPE,
 }
 
+_DURABLE_NAMES: Final = frozenset(type_name(model) for model in DURABLE_TYPES)
+"""Wire types whose ``seq`` is required on the wire though the model defaults it (SPEC D1)."""
+
 
 def encode(message: BaseModel) -> bytes:
     """Serialize a wire message to the UTF-8 JSON bytes of one text frame.
@@ -59,6 +71,26 @@ def encode(message: BaseModel) -> bytes:
         Compact JSON; fields whose value is ``None`` are omitted.
     """
     return orjson.dumps(message.model_dump(exclude_none=True))
+
+
+def encode_event(event: DurableEvent, seq: int) -> bytes:
+    """Serialize a durable event under ``seq`` (SPEC D1), the session log's next number.
+
+    Args:
+        event: a :data:`protocol.messages.DurableEvent`, usually built without ``seq``
+            (:data:`protocol.messages.UNSEQUENCED`); any ``seq`` it holds is replaced.
+        seq: the event's number in its session's log, >= 1.
+
+    Returns:
+        The same bytes as :func:`encode` of the event built with that ``seq``.
+
+    Raises:
+        TypeError: a value JSON cannot carry (orjson's ``JSONEncodeError``), as
+            :func:`encode`.
+    """
+    fields = event.model_dump(exclude_none=True)
+    fields["seq"] = seq  # the key exists (the default is not None): its place is kept
+    return orjson.dumps(fields)
 
 
 def encode_json(value: Any) -> bytes:
@@ -98,6 +130,8 @@ def json_problem(value: Any, where: str = "result") -> str | None:
     seen: set[int] = set()  # a value that contains itself is walked once, not forever
     while stack:
         path, item = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            return f"{path}: {_float_name(item)} is not a JSON number"
         if item is None or isinstance(item, bool | str | float):
             continue
         if isinstance(item, int):
@@ -120,6 +154,41 @@ def json_problem(value: Any, where: str = "result") -> str | None:
             continue
         return f"{path}: a value of type {type(item).__qualname__} is not JSON"
     return None
+
+
+def non_finite(value: Any) -> bool:
+    """Whether ``value`` holds a float ``NaN``, ``Infinity`` or ``-Infinity`` anywhere
+    (SPEC I16). orjson writes ``null`` for them, which would change the data silently;
+    the gateway asks before it sends a handler's value and, on ``True``, ends the call
+    naming the place with :func:`json_problem`. Cheap: a value whose JSON holds no
+    ``null`` has none (one orjson pass, about 3x faster than walking it); only other
+    values are walked, iteratively, building no paths. A value orjson refuses for
+    another reason is left to the encoder, which names that problem (``False``).
+    """
+    try:
+        if b"null" not in orjson.dumps(value):
+            return False
+    except TypeError:  # orjson.JSONEncodeError
+        return False
+    stack = [value]
+    seen: set[int] = set()
+    while stack:
+        item = stack.pop()
+        if isinstance(item, float):
+            if not math.isfinite(item):
+                return True
+        elif isinstance(item, dict | list | tuple):
+            if id(item) in seen:
+                continue
+            seen.add(id(item))
+            stack.extend(item.values() if isinstance(item, dict) else item)
+    return False
+
+
+def _float_name(value: float) -> str:
+    if math.isnan(value):
+        return "NaN"
+    return "Infinity" if value > 0 else "-Infinity"
 
 
 def _int_text(value: int) -> str:
@@ -171,11 +240,16 @@ def decode_server(
     raw: bytes | str, max_depth: int = SERVER_MAX_DEPTH
 ) -> ServerMessage | DecodeError:
     """Decode one server frame; the client-side twin of :func:`decode_client`."""
-    decoded: ServerMessage | DecodeError = _decode(raw, SERVER_ADAPTER, max_depth)
+    decoded: ServerMessage | DecodeError = _decode(raw, SERVER_ADAPTER, max_depth, _DURABLE_NAMES)
     return decoded
 
 
-def _decode(raw: bytes | str, adapter: TypeAdapter[Any], max_depth: int) -> Any:
+def _decode(
+    raw: bytes | str,
+    adapter: TypeAdapter[Any],
+    max_depth: int,
+    sequenced: frozenset[str] = frozenset(),
+) -> Any:
     try:
         obj = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -190,6 +264,11 @@ def _decode(raw: bytes | str, adapter: TypeAdapter[Any], max_depth: int) -> Any:
         )
     if _repeats_a_key(raw, keys):
         return DecodeError(ErrorCode.DUPLICATE_KEY, "an object repeats a key", request_id)
+    kind = obj.get("type")
+    if sequenced and "seq" not in obj and isinstance(kind, str) and kind in sequenced:
+        # SPEC D1: the model defaults seq for the server's own use; the wire requires it.
+        # Checked first, as pydantic reports fields in order and seq follows type.
+        return DecodeError(ErrorCode.MISSING_FIELD, "seq: Field required", request_id)
     try:
         return adapter.validate_python(obj)
     except ValidationError as exc:

@@ -24,7 +24,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from protocol.codec import CLIENT_ADAPTER, SERVER_ADAPTER
-from protocol.messages import CLIENT_TYPES, SERVER_TYPES, type_name
+from protocol.messages import CLIENT_TYPES, SERVER_TYPES, UNSEQUENCED, type_name
 from protocol.version import SUBPROTOCOL_V1
 
 JsonDict = dict[str, Any]
@@ -55,9 +55,19 @@ def _description(model: type[BaseModel], direction: str) -> str:
 
 
 def _require_type(schema: JsonDict) -> JsonDict:
-    """Mark ``type`` required: it has a default in the model, but never on the wire."""
-    required = [name for name in schema.get("required", []) if name != "type"]
-    schema["required"] = ["type", *required]
+    """Mark ``type`` required: it has a default in the model, but never on the wire.
+
+    So is a durable event's ``seq`` (SPEC D1): the model defaults it to
+    :data:`~protocol.messages.UNSEQUENCED` for the server, whose session log assigns it
+    when it emits the event; the codec refuses such an event without it.
+    """
+    wire = set(schema.get("required", ()))
+    seq = schema.get("properties", {}).get("seq")
+    if seq is not None and "default" in seq and seq["default"] == UNSEQUENCED:
+        del seq["default"]
+        wire.add("seq")
+    names = [name for name in schema.get("properties", {}) if name in wire and name != "type"]
+    schema["required"] = ["type", *names]
     return schema
 
 

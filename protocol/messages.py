@@ -8,6 +8,11 @@ server echoes on its direct reply or error. Server events that a client must not
 ``job``, ``jobs``, ``context``, ``reconnect``, ``auth.expiring``, ``auth.refreshed``)
 carry no ``seq`` and are not replayed.
 
+A durable event is built without ``seq`` (its default, :data:`UNSEQUENCED`) and the
+server's session log assigns the next number when it emits it (``Session.emit``, SPEC
+D1). On the wire ``seq`` is required: the codec refuses a durable event without it and
+the JSON Schema lists it as required.
+
 Times on the wire are Unix time in seconds (float). Field names follow the SPEC
 (ids indexed in docs/protocol.md, "SPEC ids").
 
@@ -19,7 +24,7 @@ for each.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated, Any, Literal, NewType
+from typing import Annotated, Any, Final, Literal, NewType, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
@@ -35,6 +40,10 @@ Name = Annotated[StrictStr, Field(min_length=1, max_length=128)]
 Seq = Annotated[StrictInt, Field(ge=1)]
 SeqOrZero = Annotated[StrictInt, Field(ge=0)]
 Time = StrictFloat
+
+UNSEQUENCED: Final = 0
+"""``seq`` of a durable event not yet emitted: ``Session.emit`` assigns the session's next
+``seq`` (SPEC D1) when it encodes the event. Never on the wire (``seq`` >= 1 there)."""
 JsonObject = dict[StrictStr, Any]
 
 
@@ -106,10 +115,22 @@ class _Message(BaseModel):
 # --------------------------------------------------------------------------- shared parts
 
 
+class ToolStarts(StrEnum):
+    """Which started calls send ``tool_start`` (SPEC A6): hello option ``tool_start``."""
+
+    ALL = "all"
+    """Every started call (the default)."""
+    GATED = "gated"
+    """Only calls that wait for approval (SPEC A1, A2): an ungated call then sends just
+    its terminal reply, one frame and one logged event fewer."""
+
+
 class Options(_Message):
-    """Session options chosen in ``hello`` (SPEC S1, A1)."""
+    """Session options chosen in ``hello`` (SPEC S1, A1, A6). ``tool_start`` ``None``
+    means ``all``."""
 
     confirm_tool_calls: StrictBool = False
+    tool_start: ToolStarts | None = None
 
 
 class Limits(_Message):
@@ -351,7 +372,7 @@ class Catalog(_Message):
     """The session's catalog (SPEC C3): only the tools visible to this profile and context."""
 
     type: Literal["catalog"] = "catalog"
-    seq: Seq
+    seq: Seq = UNSEQUENCED
     id: RequestId | None = None
     version: StrictStr
     reason: CatalogReason
@@ -370,7 +391,7 @@ class ToolStart(_Message):
     """A tool is starting; with ``approval_id`` it waits for ``tool.confirm`` (SPEC A2, A6)."""
 
     type: Literal["tool_start"] = "tool_start"
-    seq: Seq
+    seq: Seq = UNSEQUENCED
     call_id: StrictStr
     tool: StrictStr
     params: JsonObject
@@ -383,7 +404,7 @@ class ElicitRequest(_Message):
     client answers ``elicit.answer`` before ``expires_at`` or the answer is ``cancel``."""
 
     type: Literal["elicit.request"] = "elicit.request"
-    seq: Seq
+    seq: Seq = UNSEQUENCED
     call_id: StrictStr
     tool: StrictStr
     elicitation_id: StrictStr
@@ -396,7 +417,7 @@ class ToolResolved(_Message):
     """An approval was settled (SPEC A4, A6)."""
 
     type: Literal["tool.resolved"] = "tool.resolved"
-    seq: Seq
+    seq: Seq = UNSEQUENCED
     call_id: StrictStr
     approval_id: StrictStr
     tool: StrictStr
@@ -414,7 +435,7 @@ class Result(_Message):
     """
 
     type: Literal["result"] = "result"
-    seq: Seq
+    seq: Seq = UNSEQUENCED
     call_id: StrictStr
     tool: StrictStr
     result: JsonObject
@@ -426,7 +447,7 @@ class Dispatched(_Message):
     """Terminal reply of an async call, or of a sync call promoted to a job (SPEC I9, I14)."""
 
     type: Literal["dispatched"] = "dispatched"
-    seq: Seq
+    seq: Seq = UNSEQUENCED
     call_id: StrictStr
     tool: StrictStr
     job_id: StrictStr
@@ -438,7 +459,7 @@ class CallError(_Message):
     """Terminal reply of a call that did not produce a result (SPEC I1-I8, I13)."""
 
     type: Literal["call.error"] = "call.error"
-    seq: Seq
+    seq: Seq = UNSEQUENCED
     call_id: StrictStr
     tool: StrictStr
     code: ErrorCode
@@ -454,7 +475,7 @@ class JobProgress(_Message):
     """Progress of a running job (SPEC J2); ``progress`` is a fraction in [0, 1]."""
 
     type: Literal["job.progress"] = "job.progress"
-    seq: Seq
+    seq: Seq = UNSEQUENCED
     job_id: StrictStr
     tool: StrictStr
     progress: StrictFloat | None = None
@@ -466,7 +487,7 @@ class JobDone(_Message):
     """A job finished with a result (SPEC J4)."""
 
     type: Literal["job.done"] = "job.done"
-    seq: Seq
+    seq: Seq = UNSEQUENCED
     job_id: StrictStr
     tool: StrictStr
     ok: Literal[True] = True
@@ -481,7 +502,7 @@ class JobFailed(_Message):
     """A job ended in error (SPEC J4, J5)."""
 
     type: Literal["job.failed"] = "job.failed"
-    seq: Seq
+    seq: Seq = UNSEQUENCED
     job_id: StrictStr
     tool: StrictStr
     ok: Literal[False] = False
@@ -495,7 +516,7 @@ class JobCancelled(_Message):
     """A job was cancelled by its owner or by the end of its session (SPEC J3, J4)."""
 
     type: Literal["job.cancelled"] = "job.cancelled"
-    seq: Seq
+    seq: Seq = UNSEQUENCED
     job_id: StrictStr
     tool: StrictStr
     ok: Literal[False] = False
@@ -609,6 +630,9 @@ DurableEvent = (
     | JobCancelled
 )
 """Events with ``seq``, appended to the session's log before they are sent (SPEC D1)."""
+
+DURABLE_TYPES: tuple[type[BaseModel], ...] = get_args(DurableEvent)
+"""The classes of :data:`DurableEvent`: their ``seq`` is required on the wire."""
 
 TerminalReply = Result | Dispatched | CallError
 """The one terminal reply of each call (SPEC I12)."""

@@ -27,11 +27,16 @@ What it does for its caller:
   seq was already processed. On ``resumed: false`` the client starts over with the new
   session and resyncs its unfinished jobs through ``job.get`` (SPEC D3).
 
-The client is built in layers, one module each; :class:`Client` is the last:
+:class:`Client` holds five parts, each built once from the few things it uses:
+:class:`~toolbus.client_calls.Calls` (what waits for an answer, re-sent after a
+reconnect), :class:`~toolbus.client_jobs.Jobs` (job handles, following through
+``job.get``, resync), :class:`~toolbus.client_approvals.Approvals`,
+:class:`~toolbus.client_inbound.Inbound` (each server message by type, ``seq``, the
+catalog) and :class:`~toolbus.client_link.Link` (handshake, read loop, acks,
+reconnect, resume). Two modules make the client itself:
 
-- :mod:`toolbus.client_base`: shared state, sending, requests answered by one reply.
-- :mod:`toolbus.client_inbound`: processing each server message (the handler table).
-- :mod:`toolbus.client_link`: handshake, read loop, acks, reconnect, resume, resync.
+- :mod:`toolbus.client_base`: settings, requests answered by one reply; builds the
+  parts and ends the session for all of them.
 - this module: the public front (open, close, invoke, cancel, streams) and
   :func:`connect`. Every public toolbus name importable here before the split still
   is: the ones that moved are re-exported (``import X as X``, explicit for mypy).
@@ -55,16 +60,15 @@ from websockets.exceptions import ConnectionClosed
 from protocol import messages as m
 from protocol.codec import encode
 from toolbus.client_base import ApprovalCallback as ApprovalCallback
+from toolbus.client_base import ClientBase
 from toolbus.client_base import ExpiringCallback as ExpiringCallback
 from toolbus.client_base import JobCallback as JobCallback
 from toolbus.client_base import MessageCallback as MessageCallback
 from toolbus.client_base import R as R
-from toolbus.client_base import _Pending
-from toolbus.client_inbound import KEEP_OUTCOMES as KEEP_OUTCOMES
+from toolbus.client_jobs import KEEP_OUTCOMES as KEEP_OUTCOMES
 from toolbus.client_link import REFUSED_HELLO as REFUSED_HELLO
 from toolbus.client_link import SUBPROTOCOL as SUBPROTOCOL
 from toolbus.client_link import TERMINAL_CLOSES as TERMINAL_CLOSES
-from toolbus.client_link import ClientLink
 from toolbus.errors import ConnectFailed, RequestTimeout, SessionClosed, UsageError
 from toolbus.errors import RequestRefused as RequestRefused
 from toolbus.errors import ToolbusClientError as ToolbusClientError
@@ -77,7 +81,7 @@ from toolbus.handles import JobOutcome as JobOutcome
 logger = logging.getLogger(__name__)
 
 
-class Client(ClientLink):
+class Client(ClientBase):
     """A toolbus session over a self-healing WebSocket (SPEC K1).
 
     The requests answered by one reply (:meth:`confirm`, :meth:`refresh_catalog`,
@@ -91,6 +95,11 @@ class Client(ClientLink):
         profile: the profile to take; ``None`` lets the server pick the only one granted.
         context: the session context (e.g. ``{"project_id": "p1"}``, SPEC S5).
         confirm_tool_calls: ask for approval of every call (SPEC A1).
+        tool_start: hello option ``tool_start`` (SPEC A6): ``ALL`` to receive
+            ``tool_start`` for every call, ``GATED`` for calls that wait for approval
+            only. ``None`` (default): ``GATED`` without ``on_message`` (the client acts
+            on gated ones only, so nothing changes but one frame less per call),
+            ``ALL`` with it.
         on_approval: callback for each approval request; see :data:`ApprovalCallback`.
         on_job_event: called with every job event (progress and terminal), in order.
         on_message: called with every server message after the client processed it
@@ -133,9 +142,9 @@ class Client(ClientLink):
             raise UsageError("this client is already open")
         try:
             async with asyncio.timeout(self.connect_timeout):
-                ws, welcome = await self._handshake()
-                self._attach(ws, welcome)
-                self._runner = asyncio.create_task(self._run(ws), name="toolbus-client")
+                ws, welcome = await self._link.handshake()
+                self._link.attach(ws, welcome)
+                self._runner = asyncio.create_task(self._link.run(ws), name="toolbus-client")
                 while self.catalog_version is None and self._closed is None:
                     await self._wait_change()
         except TimeoutError:
@@ -164,7 +173,7 @@ class Client(ClientLink):
             with contextlib.suppress(ConnectionClosed, TimeoutError, OSError):
                 async with asyncio.timeout(timeout):
                     if end_session:
-                        await ws.send(encode(m.Bye(id=self._next_id())), text=True)
+                        await ws.send(encode(m.Bye(id=self._calls.next_id())), text=True)
                     elif self._acked < self.last_seq:
                         await ws.send(encode(m.Ack(seq=self.last_seq)), text=True)
                     await ws.close()
@@ -221,21 +230,17 @@ class Client(ClientLink):
             SessionClosed: the client stopped first.
             UsageError: ``call_id`` is already waiting in this client.
         """
-        self._check_open()
         # 128 random bits as 32 hex digits, like uuid4().hex at a quarter of the cost.
         call_id = call_id or f"c-{secrets.token_hex(16)}"
-        if call_id in self._invokes:
-            raise UsageError(f"call_id {call_id!r} is already in flight")
         message = m.Invoke(
             call_id=call_id,
             tool=tool,
             params=dict(params) if params is not None else None,
             catalog_version=catalog_version,
         )
-        pending = _Pending(message, asyncio.get_running_loop().create_future())
-        self._invokes[call_id] = pending
+        pending = self._calls.start_invoke(message)
         try:
-            await self._send_pending(pending)
+            await self._calls.send(pending)
             if timeout is None:  # no timer to arm and cancel on every call
                 answer: m.Result | JobHandle = await pending.future
                 return answer
@@ -246,8 +251,8 @@ class Client(ClientLink):
             text = f"call {call_id} ({tool}) did not end within {timeout} s"
             raise RequestTimeout(text) from None
         finally:
-            if self._invokes.get(call_id) is pending:
-                del self._invokes[call_id]
+            if self._calls.invokes.get(call_id) is pending:
+                del self._calls.invokes[call_id]
 
     async def cancel(self, call_id: str, *, timeout: float | None = None) -> None:
         """Cancel a running or approval-pending call (SPEC I8, A4).
@@ -261,15 +266,13 @@ class Client(ClientLink):
             RequestRefused: ``unknown_call``: no such call is running.
             RequestTimeout: no answer within ``timeout`` (default: the request timeout).
         """
-        request_id = self._next_id()
-        pending = self._register(m.CallCancel(id=request_id, call_id=call_id), request_id)
+        request_id = self._calls.next_id()
+        pending = self._calls.register(m.CallCancel(id=request_id, call_id=call_id), request_id)
         try:
-            await self._send_pending(pending)
+            await self._calls.send(pending)
             await self._request(lambda rid: m.GrantsList(id=rid), m.Grants, timeout)
-        except BaseException:
-            self._requests.pop(request_id, None)
-            raise
-        self._requests.pop(request_id, None)
+        finally:
+            self._calls.requests.pop(request_id, None)
         if pending.future.done():
             pending.future.result()  # raises the refusal
 
@@ -289,16 +292,12 @@ class Client(ClientLink):
         pending and undecided. Answer with ``await req.allow()`` / ``deny()`` /
         ``allow_always()``. Requests an ``on_approval`` callback answered are not
         delivered here."""
-        stream: EventStream[ApprovalRequest] = EventStream(self._approval_streams)
-        for req in self._approvals.values():
-            if not req.settled and req.decided is None and not req.handled:
-                stream.put(req)
-        return stream
+        return self._approvals.stream()
 
     @property
     def pending_approvals(self) -> list[ApprovalRequest]:
         """Approval requests not settled yet, oldest first."""
-        return [req for req in self._approvals.values() if not req.settled]
+        return self._approvals.waiting()
 
     def tool(self, name: str) -> m.ToolInfo | None:
         """The catalog entry of ``name``, or ``None`` when the session cannot see it."""

@@ -1,16 +1,20 @@
 """State and request/reply plumbing of the toolbus client (SPEC K1).
 
-:class:`ClientBase` is the first layer of :class:`toolbus.client.Client`: it holds the
-state every other layer shares (session ids, ``last_seq``, the catalog, what waits for
-an answer), sends messages, and pairs each request with the reply carrying its ``id``.
-The requests that are one message and one reply live here too: ``tool.confirm``
-(SPEC A3), ``catalog.get`` (SPEC C3), ``job.list`` / ``job.get`` / ``job.cancel``
-(SPEC J3), ``grants.list`` / ``grants.revoke`` (SPEC A3), ``context.update``
-(SPEC S5) and ``auth.refresh`` (SPEC S6).
+:class:`ClientBase` is the base of :class:`toolbus.client.Client`: it holds the settings
+and builds the client's parts, each from the few things it uses:
+:class:`~toolbus.client_calls.Calls` (what waits for an answer, paired with the reply
+carrying its ``id``), :class:`~toolbus.client_jobs.Jobs`,
+:class:`~toolbus.client_approvals.Approvals`, :class:`~toolbus.client_inbound.Inbound`
+(each server message; ``last_seq`` and the catalog are read from it) and
+:class:`~toolbus.client_link.Link` (the socket; the session ids are read from it). It
+also ends the session for all of them (:meth:`ClientBase._shutdown`). The requests
+that are one message and one reply live here too: ``tool.confirm`` (SPEC A3),
+``catalog.get`` (SPEC C3), ``job.list`` / ``job.get`` / ``job.cancel`` (SPEC J3),
+``grants.list`` / ``grants.revoke`` (SPEC A3), ``context.update`` (SPEC S5) and
+``auth.refresh`` (SPEC S6).
 
-The layers above it: :mod:`toolbus.client_inbound` (processing what the server sends),
-:mod:`toolbus.client_link` (connect, reconnect, resume) and :mod:`toolbus.client`
-(the public front).
+:class:`toolbus.client.Client` adds the public front: open, close, invoke, cancel and
+the streams.
 """
 
 # ASYNC109: the public API takes ``timeout=`` arguments on purpose (SPEC K1: every wait
@@ -20,54 +24,27 @@ The layers above it: :mod:`toolbus.client_inbound` (processing what the server s
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import itertools
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from pydantic import BaseModel
 from websockets.asyncio.client import ClientConnection
-from websockets.exceptions import ConnectionClosed
 
 from protocol import messages as m
-from protocol.codec import encode
-from toolbus.errors import RequestTimeout, SessionClosed, ToolbusClientError, UsageError
-from toolbus.handles import ApprovalRequest, Backoff, EventStream, JobEvent, JobHandle, JobOutcome
-
-ApprovalCallback = Callable[[ApprovalRequest], "m.Decision | Awaitable[m.Decision | None] | None"]
-"""``on_approval(req)``: return a :class:`~protocol.messages.Decision` to answer at once,
-or ``None`` to leave the request to :meth:`~toolbus.client.Client.approvals` or a later
-``req.allow()``. May be a plain function or a coroutine function."""
-
-ElicitationReply = tuple[m.ElicitAction, "dict[str, Any] | None"]
-ElicitationCallback = Callable[[m.ElicitRequest], "ElicitationReply | Awaitable[ElicitationReply]"]
-"""``on_elicitation(req)``: a running tool asks the user (SPEC M3). Return the
-``(action, content)`` to send as ``elicit.answer``: ``(ElicitAction.ACCEPT, {...})``
-with content matching ``req.requested_schema``, or ``(ElicitAction.DECLINE, None)``.
-May be a plain function or a coroutine function; one that raises answers ``cancel``."""
-
-JobCallback = Callable[[JobEvent], object]
-MessageCallback = Callable[[BaseModel], object]
-ExpiringCallback = Callable[[m.AuthExpiring], "str | Awaitable[str | None] | None"]
-"""``on_auth_expiring(msg)``: the session's credential expires at ``msg.expires_at``
-(SPEC S6). Return a fresh credential (or a coroutine giving one) and the client sends
-it with ``auth.refresh``; return ``None`` to do nothing (the server closes 4004 at
-expiry). May be a plain function or a coroutine function."""
-
-R = TypeVar("R", bound=BaseModel)
-
-
-@dataclass(slots=True, eq=False)
-class _Pending:
-    """A message waiting for its answer; ``gen`` is the connection it was last sent on
-    (0: not sent on any live one yet), so a reconnect re-sends what it must."""
-
-    message: BaseModel
-    future: asyncio.Future[Any]
-    gen: int = 0
-    resent: bool = False
+from toolbus.client_approvals import ApprovalCallback as ApprovalCallback
+from toolbus.client_approvals import Approvals
+from toolbus.client_calls import Calls
+from toolbus.client_calls import R as R
+from toolbus.client_inbound import Callbacks, Inbound, Senders
+from toolbus.client_inbound import ElicitationCallback as ElicitationCallback
+from toolbus.client_inbound import ElicitationReply as ElicitationReply
+from toolbus.client_inbound import ExpiringCallback as ExpiringCallback
+from toolbus.client_inbound import JobCallback as JobCallback
+from toolbus.client_inbound import MessageCallback as MessageCallback
+from toolbus.client_jobs import Jobs
+from toolbus.client_link import Link, LinkSettings
+from toolbus.errors import SessionClosed, UsageError
+from toolbus.handles import Backoff, EventStream, JobEvent
 
 
 class ClientBase:
@@ -84,6 +61,7 @@ class ClientBase:
         profile: str | None = None,
         context: Mapping[str, str] | None = None,
         confirm_tool_calls: bool = False,
+        tool_start: m.ToolStarts | None = None,
         on_approval: ApprovalCallback | None = None,
         on_job_event: JobCallback | None = None,
         on_message: MessageCallback | None = None,
@@ -101,6 +79,11 @@ class ClientBase:
         self.profile = profile
         self.context: dict[str, str] = dict(context or {})
         self.confirm_tool_calls = confirm_tool_calls
+        if tool_start is None:
+            # SPEC A6: the client acts only on gated tool_start frames; ungated ones are
+            # asked for only when on_message can see them.
+            tool_start = m.ToolStarts.GATED if on_message is None else m.ToolStarts.ALL
+        self.tool_start = tool_start
         self.reconnect = reconnect
         self.backoff = backoff or Backoff()
         self.connect_timeout = connect_timeout
@@ -108,43 +91,151 @@ class ClientBase:
         self.ack_every = max(1, ack_every)
         self.ack_idle = ack_idle
         self._token = token
-        self._on_approval = on_approval
-        self._job_callback = on_job_event
-        self._on_message = on_message
-        self._on_expiring = on_auth_expiring
-        self._on_elicitation = on_elicitation
-        self.auth_expiring: m.AuthExpiring | None = None
-        """The last ``auth.expiring`` warning of the current credential (SPEC S6);
-        ``None`` again after a refresh."""
-        self._ws_options = dict(ws_options or {})
 
-        self.welcome: m.Welcome | None = None
-        self.session_id: str | None = None
-        self._resume_token: str | None = None
-        self.last_seq = 0
-        """Highest ``seq`` processed in the current session (sent as ``last_seq``)."""
-        self._acked = 0
-        self.catalog: list[m.ToolInfo] = []
-        self.catalog_version: str | None = None
-        self.reconnects = 0
-        """How many times a new socket took over after the first (for tests, metrics)."""
-
-        self._ws: ClientConnection | None = None
-        self._gen = 0
-        self._ids = itertools.count(1)
-        self._invokes: dict[str, _Pending] = {}
-        self._requests: dict[str, _Pending] = {}
-        self._jobs: dict[str, JobHandle] = {}
-        self._outcomes: OrderedDict[str, JobOutcome] = OrderedDict()
-        self._approvals: dict[str, ApprovalRequest] = {}
         self._job_streams: set[EventStream[JobEvent]] = set()
-        self._approval_streams: set[EventStream[ApprovalRequest]] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._runner: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
         self._catalog_changed = asyncio.Event()
-        self._hint: float | None = None
         self._closed: SessionClosed | None = None
+        self._calls = Calls(lambda: (self._link.ws, self._link.gen), self._check_open)
+        """The calls part: invokes and requests waiting for their answer."""
+        self._approvals = Approvals(self._confirm_by_id, self._spawn, on_approval)
+        """The approvals part: requests from ``tool_start`` until settled."""
+        self._jobs = Jobs(
+            ask=self.job,
+            cancel=lambda job_id, timeout: self.cancel_job(job_id, timeout=timeout),
+            spawn=self._spawn,
+            backoff=self.backoff,
+            is_open=lambda: self._closed is None,
+        )
+        """The jobs part: handles, outcomes, following through ``job.get``."""
+        self._inbound = Inbound(
+            self._calls,
+            self._approvals,
+            self._jobs,
+            self._job_streams,
+            self._spawn,
+            self._notify_change,
+            Callbacks(on_message, on_job_event, on_auth_expiring, on_elicitation),
+            Senders(self.answer_elicitation, self.refresh_credentials),
+        )
+        """The inbound part: each server message, by type; ``seq``; the catalog."""
+        settings = LinkSettings(
+            url=url,
+            reconnect=reconnect,
+            backoff=self.backoff,
+            connect_timeout=connect_timeout,
+            ack_every=self.ack_every,
+            ack_idle=ack_idle,
+            ws_options=dict(ws_options or {}),
+        )
+        self._link = Link(
+            settings,
+            self._hello,
+            self._inbound,
+            self._calls,
+            self._jobs,
+            self._approvals,
+            self._spawn,
+            self._stop,
+            self._shutdown,
+            lambda ws: self._ack(ws),  # late-bound: the client's own ack, observable
+        )
+        """The link part: the socket, acks, reconnect and resume."""
+
+    @property
+    def welcome(self) -> m.Welcome | None:
+        """The last ``welcome`` (SPEC S1); ``None`` before the first."""
+        return self._link.welcome
+
+    @property
+    def session_id(self) -> str | None:
+        """The current session's id; ``None`` before the first ``welcome``."""
+        return self._link.session_id
+
+    @property
+    def reconnects(self) -> int:
+        """How many times a new socket took over after the first (for tests, metrics)."""
+        return self._link.reconnects
+
+    @property
+    def _ws(self) -> ClientConnection | None:
+        return self._link.ws
+
+    @property
+    def _acked(self) -> int:
+        return self._link.acked
+
+    @property
+    def _last_frame(self) -> float:
+        return self._link.last_frame
+
+    @property
+    def _resume_token(self) -> str | None:
+        return self._link.resume_token
+
+    @_resume_token.setter
+    def _resume_token(self, token: str | None) -> None:
+        self._link.resume_token = token
+
+    async def _ack(self, ws: ClientConnection) -> None:
+        """Cumulative ack of everything processed (SPEC D2); see :meth:`Link.ack`."""
+        await self._link.ack(ws)
+
+    def _hello(
+        self, session_id: str | None, resume_token: str | None, last_seq: int | None
+    ) -> m.Hello:
+        """``hello`` with the current credential, profile, context and options."""
+        return m.Hello(
+            id=self._calls.next_id(),
+            token=self._token,
+            profile=self.profile,
+            context=self.context,
+            options=m.Options(
+                confirm_tool_calls=self.confirm_tool_calls, tool_start=self.tool_start
+            ),
+            session_id=session_id,
+            resume_token=resume_token,
+            last_seq=last_seq,
+        )
+
+    def _shutdown(self, reason: SessionClosed) -> None:
+        """Fail everything still waiting and end every stream; the client is done."""
+        if self._closed is not None:
+            return
+        self._closed = reason
+        self._link.ws = None
+        self._stop.set()
+        self._calls.fail(reason)
+        self._jobs.fail(reason)
+        for jobs in list(self._job_streams):
+            jobs.close()
+        self._approvals.close()
+        for task in self._tasks:
+            task.cancel()
+        self._notify_change()
+
+    @property
+    def last_seq(self) -> int:
+        """Highest ``seq`` processed in the current session (sent as ``last_seq``)."""
+        return self._inbound.last_seq
+
+    @property
+    def catalog(self) -> list[m.ToolInfo]:
+        """The tools this session sees, as the server last pushed them (SPEC C3)."""
+        return self._inbound.catalog
+
+    @property
+    def catalog_version(self) -> str | None:
+        """The version of :attr:`catalog`; ``None`` before the first ``catalog``."""
+        return self._inbound.catalog_version
+
+    @property
+    def auth_expiring(self) -> m.AuthExpiring | None:
+        """The last ``auth.expiring`` warning of the current credential (SPEC S6);
+        ``None`` again after a refresh."""
+        return self._inbound.auth_expiring
 
     # ------------------------------------------------------------------ requests
 
@@ -152,9 +243,7 @@ class ClientBase:
         self, approval_id: str, decision: m.Decision, *, timeout: float | None = None
     ) -> m.ConfirmResult:
         """Answer an approval request by id (SPEC A3); see :class:`ApprovalRequest`."""
-        req = self._approvals.get(approval_id)
-        if req is not None:
-            req.decided = decision
+        self._approvals.decided(approval_id, decision)
         return await self._request(
             lambda rid: m.ToolConfirm(id=rid, approval_id=approval_id, decision=decision),
             m.ConfirmResult,
@@ -249,25 +338,22 @@ class ClientBase:
             lambda rid: m.AuthRefresh(id=rid, token=token), m.AuthRefreshed, timeout
         )
         self._token = token
-        self.auth_expiring = None
+        self._inbound.auth_expiring = None
         return reply.expires_at
 
-    # ------------------------------------------------------------------ sending
+    async def _confirm_by_id(
+        self, approval_id: str, decision: m.Decision, timeout: float | None
+    ) -> m.ConfirmResult:
+        """:meth:`confirm` as an :class:`ApprovalRequest` calls it."""
+        return await self.confirm(approval_id, decision, timeout=timeout)
 
-    def _next_id(self) -> str:
-        return f"r{next(self._ids)}"
+    # ------------------------------------------------------------------ sending
 
     def _check_open(self) -> None:
         if self._closed is not None:
             raise self._closed
         if self._runner is None:
             raise UsageError("the client is not open; use 'async with connect(...)'")
-
-    def _register(self, message: BaseModel, request_id: str) -> _Pending:
-        self._check_open()
-        pending = _Pending(message, asyncio.get_running_loop().create_future())
-        self._requests[request_id] = pending
-        return pending
 
     async def answer_elicitation(
         self,
@@ -300,51 +386,12 @@ class ClientBase:
         expected: type[R] | tuple[type[BaseModel], ...],
         timeout: float | None,
     ) -> R:
-        """Send one request and wait for the reply carrying its ``id``.
-
-        Raises:
-            RequestRefused: the server answered ``error``.
-            RequestTimeout: no reply within ``timeout`` (``None``: the client default).
-        """
-        request_id = self._next_id()
-        pending = self._register(build(request_id), request_id)
+        """Send one request and wait for its reply (``timeout`` ``None``: the client's
+        ``request_timeout``); see :meth:`Calls.request`."""
         limit = self.request_timeout if timeout is None else timeout
-        try:
-            await self._send_pending(pending)
-            async with asyncio.timeout(limit):
-                reply = await pending.future
-        except TimeoutError:
-            kind = type(pending.message).__name__
-            raise RequestTimeout(f"no answer to {kind} within {limit} s") from None
-        finally:
-            self._requests.pop(request_id, None)
-        if not isinstance(reply, expected):
-            raise ToolbusClientError(f"unexpected reply {type(reply).__name__} to {request_id}")
-        return reply  # type: ignore[return-value]
-
-    async def _send_pending(self, pending: _Pending) -> None:
-        """Send now when a socket is up; otherwise the next (re)connect sends it."""
-        ws = self._ws
-        if ws is None:
-            return
-        pending.gen = self._gen
-        try:
-            await ws.send(encode(pending.message), text=True)
-        except ConnectionClosed:
-            pending.gen = 0
-
-    async def _send(self, message: BaseModel) -> None:
-        ws = self._ws
-        if ws is not None:
-            with contextlib.suppress(ConnectionClosed):
-                await ws.send(encode(message), text=True)
+        return await self._calls.request(build, expected, limit)
 
     # ------------------------------------------------------------------ tasks and changes
-
-    def _follow(self, handle: JobHandle) -> None:
-        """Learn ``handle``'s end through ``job.get`` while it is awaited (SPEC I15);
-        implemented by :class:`~toolbus.client_inbound.ClientInbound`."""
-        raise NotImplementedError
 
     def _spawn(self, coro: Awaitable[Any]) -> None:
         task: asyncio.Task[Any] = asyncio.ensure_future(coro)

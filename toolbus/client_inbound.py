@@ -1,44 +1,119 @@
 """Inbound processing of the toolbus client: each server message, dispatched by type
 (SPEC K1).
 
-:class:`ClientInbound` processes durable events exactly once and in order by ``seq``
-(SPEC D1-D3), resolves waiting calls (``result``, ``dispatched``, ``call.error``; SPEC
-I1-I14, I12 for recorded outcomes re-sent after a reconnect) and requests (replies and
-``error`` by ``id``), turns ``tool_start`` into approval requests (SPEC A2-A6), follows
-jobs to their end (SPEC J2, J4) and notes a drain's ``reconnect`` hint (SPEC S4). One
-table, :attr:`ClientInbound._HANDLERS`, maps each message class to its handler.
+:class:`Inbound` is one part of :class:`toolbus.client.Client`. It processes durable
+events exactly once and in order by ``seq`` (SPEC D1-D3), hands replies and terminal
+events to the calls part (SPEC I1-I14, I12 for recorded outcomes re-sent after a
+reconnect), ``tool_start`` to the approvals part (SPEC A2-A6) and job events to the
+jobs part (SPEC J2, J4), keeps the catalog (SPEC C3), and notes a drain's
+``reconnect`` hint (SPEC S4) and an ``auth.expiring`` warning (SPEC S6). One table,
+:attr:`Inbound.HANDLERS`, maps each message class to its handler.
 """
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, Final
 
 from pydantic import BaseModel
 
 from protocol import messages as m
-from protocol.errors import ErrorCode
-from toolbus.client_base import ApprovalCallback, ClientBase
-from toolbus.errors import RequestRefused, ToolbusClientError, call_error
-from toolbus.handles import FINISHED, ApprovalRequest, JobEvent, JobHandle, JobOutcome
+from toolbus.client_approvals import Approvals
+from toolbus.client_calls import Calls
+from toolbus.client_jobs import Jobs
+from toolbus.errors import ToolbusClientError, call_error
+from toolbus.handles import EventStream, JobEvent
 
 logger = logging.getLogger(__name__)
 
-KEEP_OUTCOMES: Final = 1000
-"""Finished job outcomes remembered for handles created late (recorded re-sends)."""
+ElicitationReply = tuple[m.ElicitAction, "dict[str, Any] | None"]
+ElicitationCallback = Callable[[m.ElicitRequest], "ElicitationReply | Awaitable[ElicitationReply]"]
+"""``on_elicitation(req)``: a running tool asks the user (SPEC M3). Return the
+``(action, content)`` to send as ``elicit.answer``: ``(ElicitAction.ACCEPT, {...})``
+with content matching ``req.requested_schema``, or ``(ElicitAction.DECLINE, None)``.
+May be a plain function or a coroutine function; one that raises answers ``cancel``."""
 
-FOLLOW_FIRST_DELAY: Final = 0.5
-"""Seconds between the first two ``job.get`` of a followed job; doubles up to the
-reconnect backoff's cap (SPEC I15, see :meth:`ClientInbound._poll_job`)."""
+JobCallback = Callable[[JobEvent], object]
+MessageCallback = Callable[[BaseModel], object]
+ExpiringCallback = Callable[[m.AuthExpiring], "str | Awaitable[str | None] | None"]
+"""``on_auth_expiring(msg)``: the session's credential expires at ``msg.expires_at``
+(SPEC S6). Return a fresh credential (or a coroutine giving one) and the client sends
+it with ``auth.refresh``; return ``None`` to do nothing (the server closes 4004 at
+expiry). May be a plain function or a coroutine function."""
+
+AnswerElicitation = Callable[
+    [str, m.ElicitAction, "Mapping[str, Any] | None"], Awaitable[m.ElicitResult]
+]
+"""Sends ``elicit.answer`` (SPEC M3): elicitation id, action, content."""
 
 
-class ClientInbound(ClientBase):
-    """Processes each server message (second layer of :class:`toolbus.client.Client`)."""
+@dataclass(frozen=True, slots=True)
+class Callbacks:
+    """The caller's callbacks an :class:`Inbound` runs (see :class:`toolbus.client.Client`)."""
 
-    def _process(self, message: BaseModel) -> None:
+    on_message: MessageCallback | None = None
+    on_job_event: JobCallback | None = None
+    on_auth_expiring: ExpiringCallback | None = None
+    on_elicitation: ElicitationCallback | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Senders:
+    """The requests an :class:`Inbound` sends on its own: answering an elicitation from
+    ``on_elicitation`` (SPEC M3), a fresh credential from ``on_auth_expiring`` (SPEC S6)."""
+
+    answer_elicitation: AnswerElicitation
+    refresh_credentials: Callable[[str], Awaitable[float | None]]
+
+
+class Inbound:
+    """Processes each server message (SPEC K1, D1-D3).
+
+    Args:
+        calls: the calls part (replies, terminal events, refusals).
+        approvals: the approvals part (``tool_start``, ``tool.resolved``).
+        jobs: the jobs part (``dispatched``, job events).
+        job_streams: the open :meth:`Client.job_events` streams.
+        spawn: runs a coroutine as a task the client cancels when it closes.
+        changed: wakes whoever waits for a catalog change or the client's end.
+        callbacks: the caller's callbacks.
+        senders: the requests the callbacks' answers are sent with.
+    """
+
+    def __init__(
+        self,
+        calls: Calls,
+        approvals: Approvals,
+        jobs: Jobs,
+        job_streams: set[EventStream[JobEvent]],
+        spawn: Callable[[Awaitable[Any]], None],
+        changed: Callable[[], None],
+        callbacks: Callbacks,
+        senders: Senders,
+    ) -> None:
+        self._calls = calls
+        self._approvals = approvals
+        self._jobs = jobs
+        self._job_streams = job_streams
+        self._spawn = spawn
+        self._changed = changed
+        self._callbacks = callbacks
+        self._on_message = callbacks.on_message
+        self._senders = senders
+        self.last_seq = 0
+        """Highest ``seq`` processed in the current session (sent as ``last_seq``)."""
+        self.catalog: list[m.ToolInfo] = []
+        self.catalog_version: str | None = None
+        self.auth_expiring: m.AuthExpiring | None = None
+        """The last ``auth.expiring`` warning of the current credential (SPEC S6);
+        ``None`` again after a refresh."""
+        self.hint: float | None = None
+        """Seconds a draining server asked to wait before reconnecting (SPEC S4)."""
+
+    def process(self, message: BaseModel) -> None:
         """Handle one server message; durable events exactly once by ``seq`` (D1-D3)."""
         seq = getattr(message, "seq", None)
         if seq is not None:
@@ -48,7 +123,7 @@ class ClientInbound(ClientBase):
             if seq != self.last_seq + 1:
                 logger.warning("seq gap: %d after %d", seq, self.last_seq)
             self.last_seq = seq
-        handler = self._HANDLERS.get(type(message))
+        handler = self.HANDLERS.get(type(message))
         if handler is not None:
             handler(self, message)
         if self._on_message is not None:
@@ -58,8 +133,11 @@ class ClientInbound(ClientBase):
         """An already-processed seq: only a recorded outcome re-sent for a waiting
         invoke (SPEC I12) still counts, and only for that invoke."""
         call_id = getattr(message, "call_id", None)
-        if isinstance(message, m.Result | m.Dispatched | m.CallError) and call_id in self._invokes:
-            self._HANDLERS[type(message)](self, message)
+        if (
+            isinstance(message, m.Result | m.Dispatched | m.CallError)
+            and call_id in self._calls.invokes
+        ):
+            self.HANDLERS[type(message)](self, message)
 
     def _call(self, callback: Callable[[Any], object], arg: Any) -> None:
         try:
@@ -70,67 +148,29 @@ class ClientInbound(ClientBase):
         if inspect.isawaitable(outcome):
             self._spawn(outcome)
 
-    def _answer(self, request_id: str | None, reply: BaseModel) -> None:
-        pending = self._requests.get(request_id) if request_id else None
-        if pending is not None and not pending.future.done():
-            pending.future.set_result(reply)
-
-    def _finish_call(self, call_id: str, outcome: Any, error: BaseException | None = None) -> None:
-        pending = self._invokes.get(call_id)
-        if pending is None or pending.future.done():
-            return
-        if error is not None:
-            pending.future.set_exception(error)
-        else:
-            pending.future.set_result(outcome)
-
     def _on_catalog(self, msg: m.Catalog) -> None:
         self.catalog, self.catalog_version = list(msg.tools), msg.version
-        self._notify_change()
-        self._answer(msg.id, msg)
+        self._changed()
+        self._calls.answer(msg.id, msg)
 
     def _on_not_modified(self, msg: m.CatalogNotModified) -> None:
-        self._answer(msg.id, msg)
+        self._calls.answer(msg.id, msg)
 
     def _on_tool_start(self, msg: m.ToolStart) -> None:
-        if msg.approval_id is None:
-            return
-        req = ApprovalRequest(self, msg)
-        self._approvals[req.approval_id] = req
-        if self._on_approval is not None:
-            self._spawn(self._ask(req, self._on_approval))
-        else:
-            self._offer(req)
+        self._approvals.started(msg)
 
-    async def _ask(self, req: ApprovalRequest, callback: ApprovalCallback) -> None:
-        """Run the approval callback; a returned decision is sent at once (SPEC A3)."""
-        try:
-            decision = callback(req)
-            if inspect.isawaitable(decision):
-                decision = await decision
-        except Exception:
-            logger.exception("approval callback raised; the request stays pending")
-            decision = None
-        if decision is None:
-            self._offer(req)
-            return
-        req.handled = True
-        if req.decided is None and not req.settled:
-            try:
-                await req.decide(m.Decision(decision))
-            except ToolbusClientError as exc:
-                logger.warning("could not send the decision for %s: %s", req.approval_id, exc)
+    def _on_resolved(self, msg: m.ToolResolved) -> None:
+        self._approvals.resolved(msg)
 
     def _on_elicit_request(self, msg: m.ElicitRequest) -> None:
         """SPEC M3: a tool asks the user; the ``on_elicitation`` callback answers. Without
         one the question stays open (answer it with ``answer_elicitation``)."""
-        if self._on_elicitation is not None:
-            self._spawn(self._elicit(msg))
+        if self._callbacks.on_elicitation is not None:
+            self._spawn(self._elicit(msg, self._callbacks.on_elicitation))
 
-    async def _elicit(self, msg: m.ElicitRequest) -> None:
-        assert self._on_elicitation is not None
+    async def _elicit(self, msg: m.ElicitRequest, callback: ElicitationCallback) -> None:
         try:
-            reply = self._on_elicitation(msg)
+            reply = callback(msg)
             if inspect.isawaitable(reply):
                 reply = await reply
             action, content = reply
@@ -138,136 +178,60 @@ class ClientInbound(ClientBase):
             logger.exception("elicitation callback raised; answering cancel")
             action, content = m.ElicitAction.CANCEL, None
         try:
-            await self.answer_elicitation(msg.elicitation_id, action, content)
+            await self._senders.answer_elicitation(msg.elicitation_id, action, content)
         except ToolbusClientError as exc:
             logger.warning("could not answer elicitation %s: %s", msg.elicitation_id, exc)
 
-    def _offer(self, req: ApprovalRequest) -> None:
-        for stream in list(self._approval_streams):
-            stream.put(req)
-
-    def _on_resolved(self, msg: m.ToolResolved) -> None:
-        req = self._approvals.pop(msg.approval_id, None)
-        if req is not None:
-            req._settle(msg)
-
-    def _drop_approvals(self) -> None:
-        """The session holding these approvals is gone (SPEC A4: they are denied)."""
-        for req in self._approvals.values():
-            req._settle(None)
-        self._approvals.clear()
-
     def _on_result(self, msg: m.Result) -> None:
-        self._finish_call(msg.call_id, msg)
+        self._calls.finish(msg.call_id, msg)
 
     def _on_dispatched(self, msg: m.Dispatched) -> None:
-        handle = self._jobs.get(msg.job_id)
-        if handle is None:
-            handle = JobHandle(self, msg)
-            self._jobs[msg.job_id] = handle
-            known = self._outcomes.get(msg.job_id)
-            if known is not None:
-                handle._resolve(known)
-        self._finish_call(msg.call_id, handle)
+        self._calls.finish(msg.call_id, self._jobs.dispatched(msg))
 
     def _on_call_error(self, msg: m.CallError) -> None:
-        self._finish_call(msg.call_id, None, call_error(msg))
+        self._calls.finish(msg.call_id, None, call_error(msg))
 
     def _on_job_event(self, msg: JobEvent) -> None:
-        handle = self._jobs.get(msg.job_id)
-        if handle is not None:
-            handle.events_here = True
-        if isinstance(msg, m.JobProgress):
-            if handle is not None:
-                handle.progress = (msg.progress, msg.message)
-        else:
-            self._job_ended(JobOutcome.from_event(msg))
+        self._jobs.event(msg)
         for stream in list(self._job_streams):
             stream.put(msg)
-        if self._job_callback is not None:
-            self._call(self._job_callback, msg)
-
-    def _follow(self, handle: JobHandle) -> None:
-        """Start following ``handle`` through ``job.get`` (once; SPEC I15, K1)."""
-        if handle._following or handle.done() or self._closed is not None:
-            return
-        handle._following = True
-        self._spawn(self._poll_job(handle))
-
-    async def _poll_job(self, handle: JobHandle) -> None:
-        """Ask ``job.get`` at once, then with a doubling delay, until the job ended, a
-        job event showed its events come to this session, or the client closed. A job
-        started by another session of the user (a re-sent ``call_id``, SPEC I15) sends
-        its events there; this is how its re-sender learns its end, exactly once."""
-        delay = FOLLOW_FIRST_DELAY
-        while not handle.done() and not handle.events_here and self._closed is None:
-            try:
-                info = await self.job(handle.job_id)
-            except RequestRefused as exc:
-                handle._fail(exc)
-                return
-            except ToolbusClientError:
-                info = None  # no answer (a reconnect is under way): ask again later
-            if info is not None and info.state in FINISHED:
-                self._job_ended(JobOutcome.from_info(info))
-                return
-            await asyncio.wait([handle._outcome], timeout=delay)
-            delay = min(delay * 2, self.backoff.cap)
-
-    def _job_ended(self, outcome: JobOutcome) -> None:
-        self._outcomes[outcome.job_id] = outcome
-        while len(self._outcomes) > KEEP_OUTCOMES:
-            self._outcomes.popitem(last=False)
-        handle = self._jobs.pop(outcome.job_id, None)
-        if handle is not None:
-            handle._resolve(outcome)
+        if self._callbacks.on_job_event is not None:
+            self._call(self._callbacks.on_job_event, msg)
 
     def _on_error(self, msg: m.Error) -> None:
-        """``error``: a refused request (by ``id``) or a refused invoke (by
-        ``details.call_id``). A re-sent invoke refused ``duplicate_call`` is still
-        running on the server: keep waiting for its terminal event."""
-        refused = RequestRefused(msg)
-        pending = self._requests.get(msg.id) if msg.id else None
-        if pending is None:
-            call_id = (msg.details or {}).get("call_id")
-            pending = self._invokes.get(call_id) if isinstance(call_id, str) else None
-            if pending is not None and pending.resent and msg.code is ErrorCode.DUPLICATE_CALL:
-                return
-        if pending is not None and not pending.future.done():
-            pending.future.set_exception(refused)
-            return
-        logger.warning("server error not tied to a request: %s: %s", msg.code, msg.message)
+        """``error``: a refused request or invoke (:meth:`Calls.refuse`), else logged."""
+        if not self._calls.refuse(msg):
+            logger.warning("server error not tied to a request: %s: %s", msg.code, msg.message)
 
     def _on_reply(
         self, msg: m.ConfirmResult | m.ElicitResult | m.Grants | m.Job | m.Jobs | m.Context
     ) -> None:
-        self._answer(msg.id, msg)
+        self._calls.answer(msg.id, msg)
 
     def _on_auth_refreshed(self, msg: m.AuthRefreshed) -> None:
-        self._answer(msg.id, msg)
+        self._calls.answer(msg.id, msg)
 
     def _on_auth_expiring(self, msg: m.AuthExpiring) -> None:
         """SPEC S6: note the warning; a callback may hand over a fresh credential."""
         self.auth_expiring = msg
-        if self._on_expiring is not None:
-            self._spawn(self._renew(msg))
+        if self._callbacks.on_auth_expiring is not None:
+            self._spawn(self._renew(msg, self._callbacks.on_auth_expiring))
 
-    async def _renew(self, msg: m.AuthExpiring) -> None:
-        assert self._on_expiring is not None
+    async def _renew(self, msg: m.AuthExpiring, callback: ExpiringCallback) -> None:
         try:
-            fresh = self._on_expiring(msg)
+            fresh = callback(msg)
             if inspect.isawaitable(fresh):
                 fresh = await fresh
             if fresh is not None:
-                await self.refresh_credentials(fresh)
+                await self._senders.refresh_credentials(fresh)
         except Exception:
             logger.exception("refreshing the credential failed; it expires at %s", msg.expires_at)
 
     def _on_reconnect(self, msg: m.Reconnect) -> None:
         """SPEC S4: the server drains; wait ``retry_after`` before reconnecting."""
-        self._hint = max(0.0, msg.retry_after)
+        self.hint = max(0.0, msg.retry_after)
 
-    _HANDLERS: Final[dict[type[BaseModel], Callable[[ClientInbound, Any], None]]] = {
+    HANDLERS: Final[dict[type[BaseModel], Callable[[Inbound, Any], None]]] = {
         m.Catalog: _on_catalog,
         m.CatalogNotModified: _on_not_modified,
         m.ToolStart: _on_tool_start,

@@ -1,12 +1,14 @@
 """The connection of the toolbus client: handshake, read loop, reconnect and resume
 (SPEC K1).
 
-:class:`ClientLink` opens the socket with subprotocol ``toolbus.v1`` and says ``hello``
-(SPEC S1), reads frames and acks cumulatively (SPEC D2), and when the socket drops or
-the server drains (SPEC S4) reconnects with backoff, resumes with ``session_id``,
-``resume_token`` and ``last_seq``, re-sends what still waits for an answer (SPEC I12)
-and, after ``resumed: false``, resyncs unfinished jobs through ``job.get`` (SPEC D3).
-When the session cannot go on, :meth:`ClientLink._shutdown` fails everything waiting.
+:class:`Link` is one part of :class:`toolbus.client.Client`. It opens the socket with
+subprotocol ``toolbus.v1`` and says ``hello`` (SPEC S1), hands each frame to the
+inbound part and acks cumulatively (SPEC D2), and when the socket drops or the server
+drains (SPEC S4) reconnects with backoff, resumes with ``session_id``,
+``resume_token`` and ``last_seq``, has the calls part re-send what still waits for an
+answer (SPEC I12) and, after ``resumed: false``, the jobs part resync unfinished jobs
+through ``job.get`` (SPEC D3). When the session cannot go on, it calls the client's
+``end``, which fails everything waiting.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, Final
 
 from websockets.asyncio.client import ClientConnection
@@ -24,9 +28,12 @@ from websockets.typing import Subprotocol
 from protocol import messages as m
 from protocol.codec import decode_server, encode
 from protocol.errors import CloseCode, DecodeError, ErrorCode
-from toolbus.client_inbound import ClientInbound
-from toolbus.errors import ConnectFailed, RequestRefused, SessionClosed, ToolbusClientError
-from toolbus.handles import FINISHED, JobOutcome
+from toolbus.client_approvals import Approvals
+from toolbus.client_calls import Calls
+from toolbus.client_inbound import Inbound
+from toolbus.client_jobs import Jobs
+from toolbus.errors import ConnectFailed, SessionClosed
+from toolbus.handles import Backoff
 
 logger = logging.getLogger(__name__)
 
@@ -53,38 +60,97 @@ TERMINAL_CLOSES: Final = frozenset(
 REFUSED_HELLO: Final = frozenset({ErrorCode.AUTH_FAILED, ErrorCode.PROFILE_DENIED})
 
 
-class ClientLink(ClientInbound):
-    """Connects, reads, reconnects and resumes (third layer of
-    :class:`toolbus.client.Client`)."""
+@dataclass(frozen=True, slots=True)
+class LinkSettings:
+    """How a :class:`Link` connects; the arguments of :class:`toolbus.client.Client`."""
 
-    _ack_timer: asyncio.TimerHandle | None = None
-    """The pending quiet-socket ack check (:meth:`_idle_ack`), if one is armed."""
-    _last_frame: float = 0.0
-    """Loop time the last frame arrived, in seconds."""
+    url: str
+    reconnect: bool
+    backoff: Backoff
+    connect_timeout: float
+    ack_every: int
+    ack_idle: float
+    ws_options: Mapping[str, Any]
+
+
+HelloBuilder = Callable[[str | None, str | None, int | None], m.Hello]
+"""Builds ``hello`` from ``session_id``, ``resume_token`` and ``last_seq`` (all ``None``
+for a new session); the rest (token, profile, context, options) is the client's."""
+
+
+class Link:
+    """One session's socket: connect, read, ack, reconnect and resume (SPEC S1, D1-D3).
+
+    Args:
+        settings: where and how to connect.
+        hello: builds the ``hello`` frame.
+        inbound: the part each frame goes to; it keeps ``last_seq``.
+        calls: what waits for an answer, re-sent after a reconnect (SPEC I12).
+        jobs: resyncs unfinished jobs after ``resumed: false`` (SPEC D3).
+        approvals: dropped when the session is not resumed (SPEC A4).
+        spawn: runs a coroutine as a task the client cancels when it closes.
+        stop: set when the client closes; the link then stops reconnecting.
+        end: called once the session cannot go on (a final close, given up).
+        ack: sends the cumulative ack on a socket (the client's, so it can be observed).
+    """
+
+    def __init__(
+        self,
+        settings: LinkSettings,
+        hello: HelloBuilder,
+        inbound: Inbound,
+        calls: Calls,
+        jobs: Jobs,
+        approvals: Approvals,
+        spawn: Callable[[Awaitable[Any]], None],
+        stop: asyncio.Event,
+        end: Callable[[SessionClosed], None],
+        ack: Callable[[ClientConnection], Awaitable[None]],
+    ) -> None:
+        self._settings = settings
+        self._make_hello = hello
+        self._inbound = inbound
+        self._calls = calls
+        self._jobs = jobs
+        self._approvals = approvals
+        self._spawn = spawn
+        self._stop = stop
+        self._end = end
+        self._send_ack = ack
+        self.ws: ClientConnection | None = None
+        """The live socket; ``None`` between connections and after the end."""
+        self.gen = 0
+        """How many sockets were attached (1 for the first)."""
+        self.welcome: m.Welcome | None = None
+        self.session_id: str | None = None
+        self.resume_token: str | None = None
+        self.reconnects = 0
+        """How many times a new socket took over after the first."""
+        self.acked = 0
+        """The last ``seq`` acked."""
+        self.last_frame = 0.0
+        """Loop time the last frame arrived, in seconds."""
+        self._ack_timer: asyncio.TimerHandle | None = None
 
     def _hello(self) -> m.Hello:
-        resume = self.session_id is not None and self._resume_token is not None
-        return m.Hello(
-            id=self._next_id(),
-            token=self._token,
-            profile=self.profile,
-            context=self.context,
-            options=m.Options(confirm_tool_calls=self.confirm_tool_calls),
-            session_id=self.session_id if resume else None,
-            resume_token=self._resume_token if resume else None,
-            last_seq=self.last_seq if resume else None,
-        )
+        if self.session_id is not None and self.resume_token is not None:
+            return self._make_hello(self.session_id, self.resume_token, self._inbound.last_seq)
+        return self._make_hello(None, None, None)
 
-    async def _handshake(self) -> tuple[ClientConnection, m.Welcome]:
+    async def handshake(self) -> tuple[ClientConnection, m.Welcome]:
         """Open a socket, send ``hello``, read ``welcome`` (SPEC S1, D3).
 
         Raises:
             ConnectFailed: refused upgrade, refused hello, or a close before welcome.
             OSError: the network failed.
         """
-        options: dict[str, Any] = {"max_size": None, "compression": None, **self._ws_options}
+        options: dict[str, Any] = {
+            "max_size": None,
+            "compression": None,
+            **self._settings.ws_options,
+        }
         try:
-            ws = await ws_connect(self.url, subprotocols=[SUBPROTOCOL], **options)
+            ws = await ws_connect(self._settings.url, subprotocols=[SUBPROTOCOL], **options)
         except InvalidHandshake as exc:
             raise ConnectFailed(f"upgrade refused: {exc}") from exc
         try:
@@ -100,30 +166,30 @@ class ClientLink(ClientInbound):
             raise ConnectFailed(f"hello refused: {message.code}: {message.message}", message.code)
         raise ConnectFailed(f"expected welcome, got {message!r}")
 
-    def _attach(self, ws: ClientConnection, welcome: m.Welcome) -> None:
+    def attach(self, ws: ClientConnection, welcome: m.Welcome) -> None:
         """Make ``ws`` the live socket; on a fresh session, start the seq count over."""
-        if self._gen:
+        if self.gen:
             self.reconnects += 1
         if not welcome.resumed:
             if self.session_id is not None:
                 logger.info(
                     "session %s not resumed; new session %s", self.session_id, welcome.session_id
                 )
-            self.last_seq = self._acked = 0
-            self._drop_approvals()
-        self._ws, self._gen, self.welcome = ws, self._gen + 1, welcome
-        self.session_id, self._resume_token = welcome.session_id, welcome.resume_token
+            self._inbound.last_seq = self.acked = 0
+            self._approvals.drop()
+        self.ws, self.gen, self.welcome = ws, self.gen + 1, welcome
+        self.session_id, self.resume_token = welcome.session_id, welcome.resume_token
 
-    async def _run(self, ws: ClientConnection) -> None:
+    async def run(self, ws: ClientConnection) -> None:
         """Read the socket; reconnect and resume while the session can go on."""
         while True:
             code, reason = await self._read(ws)
-            self._ws = None
+            self.ws = None
             if self._stop.is_set():
                 return
-            if not self.reconnect or code in TERMINAL_CLOSES:
+            if not self._settings.reconnect or code in TERMINAL_CLOSES:
                 text = f"closed by the server: {code} {reason}".strip()
-                self._shutdown(SessionClosed(text, code, reason))
+                self._end(SessionClosed(text, code, reason))
                 return
             logger.info("socket closed (%s %s); reconnecting", code, reason)
             resumed = await self._reconnect()
@@ -140,19 +206,23 @@ class ClientLink(ClientInbound):
         ``recv``: that cost about 5 % of the client's time per frame (issue 13).
         """
         loop = asyncio.get_running_loop()
+        inbound = self._inbound
+        ack_every, ack_idle = self._settings.ack_every, self._settings.ack_idle
         try:
             while True:
                 raw = await ws.recv(decode=False)
-                self._last_frame = loop.time()
+                self.last_frame = loop.time()
                 message = decode_server(raw)
                 if isinstance(message, DecodeError):
                     logger.warning("undecodable server frame: %s", message)
                     continue
-                self._process(message)
-                if self.last_seq - self._acked >= self.ack_every:
-                    await self._ack(ws)
-                elif self._ack_timer is None and self.last_seq > self._acked:
-                    due = self._last_frame + self.ack_idle
+                inbound.process(message)
+                if inbound.last_seq - self.acked >= ack_every:
+                    # A socket already closing refuses the ack; the frames it delivered
+                    # before its close (a drain's reconnect hint) are still read.
+                    await self._ack_quietly(ws)
+                elif self._ack_timer is None and inbound.last_seq > self.acked:
+                    due = self.last_frame + ack_idle
                     self._ack_timer = loop.call_at(due, self._idle_ack, ws)
         except ConnectionClosed as exc:
             frame = exc.rcvd
@@ -169,10 +239,10 @@ class ClientLink(ClientInbound):
         armed again for the rest of the quiet period instead of acking early.
         """
         self._ack_timer = None
-        if ws is not self._ws or self.last_seq <= self._acked:
+        if ws is not self.ws or self._inbound.last_seq <= self.acked:
             return
         loop = asyncio.get_running_loop()
-        left = self._last_frame + self.ack_idle - loop.time()
+        left = self.last_frame + self._settings.ack_idle - loop.time()
         if left > 0:
             # At least 1 ms: uvloop's clock has millisecond steps and can fire a timer
             # a fraction of a step early; a shorter re-arm would spin until it moved.
@@ -182,105 +252,52 @@ class ClientLink(ClientInbound):
 
     async def _ack_quietly(self, ws: ClientConnection) -> None:
         with contextlib.suppress(ConnectionClosed):
-            await self._ack(ws)
+            await self._send_ack(ws)
 
-    async def _ack(self, ws: ClientConnection) -> None:
+    async def ack(self, ws: ClientConnection) -> None:
         """Cumulative ack of everything processed (SPEC D2)."""
-        seq = self.last_seq
-        if seq > self._acked:
+        seq = self._inbound.last_seq
+        if seq > self.acked:
             await ws.send(encode(m.Ack(seq=seq)), text=True)
-            self._acked = seq
+            self.acked = seq
 
     async def _reconnect(self) -> ClientConnection | None:
         """Reconnect with backoff and resume (SPEC D3); ``None`` when giving up."""
+        backoff = self._settings.backoff
         attempt = 0
         while not self._stop.is_set():
-            limit = self.backoff.max_attempts
+            limit = backoff.max_attempts
             if limit is not None and attempt >= limit:
-                self._shutdown(SessionClosed(f"gave up reconnecting after {attempt} attempts"))
+                self._end(SessionClosed(f"gave up reconnecting after {attempt} attempts"))
                 return None
-            delay = self._hint if self._hint is not None else self.backoff.delay(attempt)
-            self._hint = None
+            hint = self._inbound.hint
+            delay = hint if hint is not None else backoff.delay(attempt)
+            self._inbound.hint = None
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(delay):
                     await self._stop.wait()
                 return None
             attempt += 1
             try:
-                async with asyncio.timeout(self.connect_timeout):
-                    ws, welcome = await self._handshake()
+                async with asyncio.timeout(self._settings.connect_timeout):
+                    ws, welcome = await self.handshake()
             except ConnectFailed as exc:
                 if exc.code in REFUSED_HELLO:
-                    self._shutdown(SessionClosed(f"reconnect refused: {exc}"))
+                    self._end(SessionClosed(f"reconnect refused: {exc}"))
                     return None
                 logger.info("reconnect attempt %d failed: %s", attempt, exc)
                 continue
             except (OSError, TimeoutError) as exc:
                 logger.info("reconnect attempt %d failed: %s", attempt, exc)
                 continue
-            self._attach(ws, welcome)
+            self.attach(ws, welcome)
             if not welcome.resumed:
-                self._spawn(self._resync())
-            await self._resend()
+                # The old session's pushes are gone: learn how unfinished jobs ended
+                # (SPEC D3), also while a re-sent invoke may still bring one (I15).
+                self._spawn(self._jobs.resync(self._calls.resent_waiting, self._stop))
+            await self._calls.resend(self.gen)
             return ws
         return None
-
-    async def _resend(self) -> None:
-        """Re-send what still waits for an answer: invokes with the same ``call_id``
-        (SPEC I12 makes that safe), then requests with the same ``id``."""
-        for pending in [*self._invokes.values(), *self._requests.values()]:
-            if pending.gen < self._gen and not pending.future.done():
-                pending.resent = True
-                await self._send_pending(pending)
-
-    async def _resync(self) -> None:
-        """After ``resumed: false``: the old session's pushes are gone, so learn how
-        unfinished jobs ended from ``job.get`` (SPEC D3), polling those still running,
-        including jobs that re-sent invokes learn of only now (SPEC I15)."""
-        delay = 0.5
-        while True:
-            waiting = [h for h in self._jobs.values() if not h.done()]
-            # A re-sent invoke may still be answered with a recorded `dispatched` (SPEC
-            # I15): its job's events went to the lost session, so keep polling for it.
-            resent = any(p.resent and not p.future.done() for p in self._invokes.values())
-            if (not waiting and not resent) or self._closed is not None:
-                return
-            for handle in waiting:
-                try:
-                    info = await self.job(handle.job_id)
-                except RequestRefused as exc:
-                    handle._fail(exc)
-                    continue
-                except ToolbusClientError:
-                    return
-                if info.state in FINISHED:
-                    self._job_ended(JobOutcome.from_info(info))
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(delay):
-                    await self._stop.wait()
-            delay = min(delay * 2, self.backoff.cap) if waiting else 0.5
-
-    def _shutdown(self, reason: SessionClosed) -> None:
-        """Fail everything still waiting and end every stream; the client is done."""
-        if self._closed is not None:
-            return
-        self._closed = reason
-        self._ws = None
-        self._stop.set()
-        for pending in [*self._invokes.values(), *self._requests.values()]:
-            if not pending.future.done():
-                pending.future.set_exception(reason)
-                pending.future.exception()
-        for handle in self._jobs.values():
-            handle._fail(reason)
-        for jobs in list(self._job_streams):
-            jobs.close()
-        for approvals in list(self._approval_streams):
-            approvals.close()
-        self._drop_approvals()
-        for task in self._tasks:
-            task.cancel()
-        self._notify_change()
 
 
 def _close_text(exc: ConnectionClosed) -> str:

@@ -1,9 +1,10 @@
 """Objects the client hands to its caller: job handles, approval requests, event streams,
 the reconnect backoff policy (SPEC K1).
 
-None of these does I/O by itself: actions (``allow()``, ``cancel()``) go through the
-:class:`~toolbus.client.Client` that created them (typed as its
-:class:`~toolbus.client_base.ClientBase` layer, which holds the requests they send).
+None of these does I/O by itself: actions (``allow()``, ``cancel()``, following a job)
+go through the part of the :class:`~toolbus.client.Client` that created them, passed to
+their constructor: a :class:`JobOwner` (:class:`toolbus.client_jobs.Jobs`) for a job
+handle, the client's ``confirm`` for an approval request.
 """
 
 # ASYNC109: ``timeout=`` arguments are the API (SPEC K1), applied with asyncio.timeout().
@@ -13,15 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from protocol import messages as m
 from toolbus.errors import RequestTimeout
-
-if TYPE_CHECKING:
-    from toolbus.client_base import ClientBase
 
 T = TypeVar("T")
 
@@ -126,6 +124,20 @@ class JobOutcome:
 FINISHED = frozenset({m.JobState.DONE, m.JobState.FAILED, m.JobState.CANCELLED})
 
 
+class JobOwner(Protocol):
+    """What a :class:`JobHandle` asks of the client part that made it."""
+
+    def follow(self, handle: JobHandle) -> None:
+        """Learn ``handle``'s end through ``job.get`` while it is awaited (SPEC I15)."""
+
+    async def cancel(self, job_id: str, timeout: float | None) -> m.JobInfo:
+        """Send ``job.cancel`` (SPEC J3); ``timeout`` in seconds, ``None``: the default."""
+
+
+Confirm = Callable[[str, m.Decision, float | None], Awaitable[m.ConfirmResult]]
+"""``tool.confirm`` of an approval id with a decision and a timeout (SPEC A3)."""
+
+
 class JobHandle:
     """A job started by an async tool or a promoted sync call (SPEC I9, I14, J4).
 
@@ -138,8 +150,8 @@ class JobHandle:
         progress: the latest ``(fraction, message)`` reported, or ``None``.
     """
 
-    def __init__(self, client: ClientBase, dispatched: m.Dispatched) -> None:
-        self._client = client
+    def __init__(self, owner: JobOwner, dispatched: m.Dispatched) -> None:
+        self._owner = owner
         self.dispatched = dispatched
         self.job_id = dispatched.job_id
         self.call_id = dispatched.call_id
@@ -182,7 +194,7 @@ class JobHandle:
             RequestTimeout: no end within ``timeout``.
             SessionClosed: the client closed before the job ended.
         """
-        self._client._follow(self)
+        self._owner.follow(self)
         try:
             async with asyncio.timeout(timeout):
                 return await asyncio.shield(self._outcome)
@@ -191,7 +203,7 @@ class JobHandle:
 
     async def cancel(self, timeout: float | None = None) -> m.JobInfo:
         """Ask the server to cancel the job (SPEC J3); see :meth:`Client.cancel_job`."""
-        return await self._client.cancel_job(self.job_id, timeout=timeout)
+        return await self._owner.cancel(self.job_id, timeout)
 
     def _resolve(self, outcome: JobOutcome) -> None:
         if not self._outcome.done():
@@ -215,9 +227,9 @@ class ApprovalRequest:
         resolution: the ``tool.resolved`` event once settled, else ``None``.
     """
 
-    def __init__(self, client: ClientBase, start: m.ToolStart) -> None:
+    def __init__(self, confirm: Confirm, start: m.ToolStart) -> None:
         assert start.approval_id is not None
-        self._client = client
+        self._confirm = confirm
         self.event = start
         self.approval_id: str = start.approval_id
         self.call_id = start.call_id
@@ -251,7 +263,7 @@ class ApprovalRequest:
             decision changed nothing (already decided, expired, ...).
         """
         self.decided = decision
-        return await self._client.confirm(self.approval_id, decision, timeout=timeout)
+        return await self._confirm(self.approval_id, decision, timeout)
 
     async def allow(self, timeout: float | None = None) -> m.ConfirmResult:
         """Allow this one call."""

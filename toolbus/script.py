@@ -15,9 +15,11 @@ file says and matches what comes back, so it can test any server that speaks pro
 
 Step kinds (one per step): ``send``, ``send_raw``, ``send_bytes_hex``,
 ``send_binary_hex``, ``expect`` (options ``timeout``, ``strict``, ``forbid``),
-``expect_close``, ``disconnect``, ``resume``. There is no ``sleep``: ordering comes
-from expectations. Matchers inside ``expect``: a literal (equality), ``{regex: ...}``,
-``{any: true}``, ``{absent: true}``, ``{contains: pattern}`` (a list element matches),
+``expect_close``, ``disconnect``, ``resume``, ``elicit`` (answer a running tool's
+``elicit.request``: ``{request: pattern, action: accept|decline|cancel, content,
+result: pattern}``, SPEC M3). There is no ``sleep``: ordering comes from expectations.
+Matchers inside ``expect``: a literal (equality), ``{regex: ...}``, ``{any: true}``,
+``{absent: true}``, ``{contains: pattern}`` (a list element matches),
 ``{capture: name}`` (store the value; later ``${name}`` is replaced by it); nested
 objects match as subsets, lists element by element.
 

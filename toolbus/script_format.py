@@ -28,8 +28,14 @@ KINDS: Final = (
     "expect_close",
     "disconnect",
     "resume",
+    "elicit",
 )
 OPTIONS: Final = frozenset({"timeout", "strict", "forbid", "note"})
+
+
+ELICIT_KEYS: Final = frozenset({"request", "action", "content", "result"})
+"""Keys of an ``elicit`` step (SPEC M3, K3)."""
+ELICIT_ACTIONS: Final = ("accept", "decline", "cancel")
 
 
 class ScriptError(Exception):
@@ -135,6 +141,7 @@ def _parse_step(path: Path, index: int, raw: Any) -> Step:
         "expect_close": lambda v: v is True or isinstance(v, dict),
         "disconnect": lambda v: v is True,
         "resume": lambda v: v is True or isinstance(v, dict),
+        "elicit": _is_elicit,
     }
     if not checks[kind](value):
         raise ScriptError(f"{where}: bad value for {kind!r}: {value!r}")
@@ -149,6 +156,22 @@ def _parse_step(path: Path, index: int, raw: Any) -> Step:
         strict=bool(raw.get("strict", False)),
         forbid=tuple(forbid),
         note=raw.get("note"),
+    )
+
+
+def _is_elicit(value: Any) -> bool:
+    """``{request?: pattern, action: accept|decline|cancel, content?: object (accept
+    only), result?: pattern}``."""
+    return (
+        isinstance(value, dict)
+        and set(value) <= ELICIT_KEYS
+        and value.get("action") in ELICIT_ACTIONS
+        and isinstance(value.get("request", {}), dict)
+        and isinstance(value.get("result", {}), dict)
+        and (
+            "content" not in value
+            or (value["action"] == "accept" and isinstance(value["content"], dict))
+        )
     )
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import secrets
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
@@ -221,6 +222,13 @@ def _close(exc: ConnectionClosed) -> str:
 
 
 async def _expect(conv: Conversation, step: Step) -> str:
+    _, detail = await _receive_match(conv, step)
+    return detail
+
+
+async def _receive_match(conv: Conversation, step: Step) -> tuple[Any, str]:
+    """Receive until a message matches ``step.value`` (with the step's options); the
+    message and the report line. Raises :class:`StepFailed`."""
     pattern = substitute(step.value, conv.captures)
     forbid = [substitute(f, conv.captures) for f in step.forbid]
     skipped: list[str] = []
@@ -234,7 +242,7 @@ async def _expect(conv: Conversation, step: Step) -> str:
                     conv.captures.update(scratch)
                     extra = f" (skipped {len(skipped)})" if skipped else ""
                     captured = f"; captured {sorted(scratch)}" if scratch else ""
-                    return f"got {short(message)}{extra}{captured}"
+                    return message, f"got {short(message)}{extra}{captured}"
                 if step.strict:
                     raise StepFailed(f"expected {short(pattern)}; got {short(message)} ({problem})")
                 for banned in forbid:
@@ -317,6 +325,35 @@ async def _resume(conv: Conversation, step: Step) -> str:
     return f"reconnected with session_id, resume_token, last_seq={hello['last_seq']}"
 
 
+async def _elicit(conv: Conversation, step: Step) -> str:
+    """Answer an elicitation (SPEC M3): receive the ``elicit.request`` matching
+    ``request`` (with the step's ``timeout``, ``strict`` and ``forbid``), capture its
+    ``elicitation_id``, send ``elicit.answer`` with ``action`` (and ``content``), then
+    receive its ``elicit.result`` and match ``result`` (default ``{accepted: true}``)."""
+    spec = step.value
+    pattern = {**spec.get("request", {}), "type": "elicit.request"}
+    request, asked = await _receive_match(conv, dataclasses.replace(step, value=pattern))
+    conv.captures["elicitation_id"] = request.get("elicitation_id")
+    answer: dict[str, Any] = {
+        "type": "elicit.answer",
+        "id": f"elicit-{step.index}-{conv.captures['run']}",
+        "elicitation_id": request.get("elicitation_id"),
+        "action": spec["action"],
+    }
+    if "content" in spec:
+        answer["content"] = substitute(spec["content"], conv.captures)
+    await _write(conv, encode_json(answer), text=True)
+    reply = {"type": "elicit.result", "id": answer["id"]}
+    got, _ = await _receive_match(
+        conv, dataclasses.replace(step, value=reply, strict=False, forbid=())
+    )
+    want = substitute(spec.get("result", {"accepted": True}), conv.captures)
+    problem = match(want, got, conv.captures)
+    if problem is not None:
+        raise StepFailed(f"expected elicit.result {short(want)}; got {short(got)} ({problem})")
+    return f"{asked}; answered {spec['action']}; got {short(got)}"
+
+
 RUNNERS: Final[dict[str, Runner]] = {
     "send": _send,
     "send_raw": _send_raw,
@@ -326,6 +363,7 @@ RUNNERS: Final[dict[str, Runner]] = {
     "expect_close": _expect_close,
     "disconnect": _disconnect,
     "resume": _resume,
+    "elicit": _elicit,
 }
 """Step kind -> coroutine running it (one table, SPEC K3)."""
 

@@ -68,13 +68,14 @@ class Elicitations:
         self._pending[elicitation_id] = _Pending(session.id, future)
         try:
             session.emit(
-                m.ElicitRequest,
-                call_id=ctx.call_id,
-                tool=ctx.tool,
-                elicitation_id=elicitation_id,
-                message=message,
-                requested_schema=schema,
-                expires_at=self._clock() + self._timeout,
+                m.ElicitRequest(
+                    call_id=ctx.call_id,
+                    tool=ctx.tool,
+                    elicitation_id=elicitation_id,
+                    message=message,
+                    requested_schema=schema,
+                    expires_at=self._clock() + self._timeout,
+                )
             )
             async with asyncio.timeout(self._timeout):
                 return await future

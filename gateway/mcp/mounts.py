@@ -67,6 +67,22 @@ class McpMounts:
                     server.run(), name=f"mcp:{name}"
                 )
 
+    def owners(self, tool: str) -> list[str]:
+        """The configured servers that could provide the toolbus tool ``tool`` (its name
+        has their prefix and passes their include and exclude), connected or not."""
+        return [
+            spec.name
+            for spec in self.catalog.files.mounts
+            if tool.startswith(spec.prefix) and spec.wanted(tool[len(spec.prefix) :])
+        ]
+
+    async def settled(self, names: Iterable[str]) -> None:
+        """Return once each named server's first connection attempt since :meth:`start`
+        ended, connected or failed (at most its ``connect_timeout``; SPEC J5, M2). A name
+        not running (removed by a hot reload) does not wait."""
+        waits = [self.servers[n].settled.wait() for n in set(names) if n in self.servers]
+        await asyncio.gather(*waits)
+
     def _stop(self, name: str) -> None:
         self.servers.pop(name).stop()
         self._stopping.add(self._tasks.pop(name))

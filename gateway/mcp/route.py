@@ -3,8 +3,8 @@
 websockets reads request heads only, so an MCP request (``POST /mcp`` with a JSON body,
 ``GET /mcp`` for the SSE stream, ``DELETE /mcp``) cannot go through it. Each accepted
 connection first gets a :class:`Sniffer`: it looks at the request line of the first
-bytes, then hands the transport (and those bytes) either to websockets' own
-:class:`~websockets.asyncio.server.ServerConnection` (everything else, as before) or to
+bytes, then hands the transport (and those bytes) either to websockets' connection,
+:class:`gateway.wslib.WsConnection` (everything else, as before), or to
 uvicorn's h11 HTTP/1.1 protocol serving the MCP ASGI app. The decision costs one prefix
 test per connection; a WebSocket's frames never pass through here.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from uvicorn import Config
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -84,7 +84,8 @@ class Sniffer(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        # A stream transport; uvloop's TCP transport has the methods without subclassing.
+        transport = cast(asyncio.Transport, transport)
         self._transport = transport
         if self._mcp is None:
             self._hand_over(self._websocket())

@@ -9,6 +9,7 @@ MCP protocol code is written here.
   authenticator (SPEC S2; missing or refused: HTTP 401). The profile comes from the
   ``X-Toolbus-Profile`` header or the ``profile`` query parameter, or is the only one
   granted (not granted: HTTP 403). Credentials in the URL are refused (HTTP 400).
+  These checks are :class:`gateway.mcp.admit.HttpAdmission`'s.
 - Each (tenant, user, profile) gets one internal toolbus :class:`~gateway.session.Session`
   whose outbound frames are read here instead of written to a socket (:class:`_Frames`).
 - ``tools/list`` is that session's visible catalog in the MCP export format (SPEC C3, C4),
@@ -16,10 +17,14 @@ MCP protocol code is written here.
 - ``tools/call`` is an ``invoke`` through the same pipeline as a WebSocket's (SPEC I1-I16:
   gates, hooks, audit, the I15 ledger with call id ``mcp:<mcp-session>:<request-id>``).
   An approval is asked with MCP elicitation when the client declared it, else the call
-  is denied and ends with the A5 declined result. An async tool's job is awaited,
-  its ``job.progress`` forwarded as ``notifications/progress``.
-- A catalog pushed to an internal session (SPEC C3) publishes ``tools/list_changed`` to
-  every ``subscriptions/listen`` stream (2026-07-28 clients).
+  is denied and ends with the A5 declined result
+  (:class:`gateway.mcp.approve.ApprovalAsker`). An async tool's job is awaited, its
+  ``job.progress`` forwarded as ``notifications/progress``; no MCP task is offered (the
+  SDK serves no ``tasks/*`` method), and a ``task`` in the request is ignored.
+- A catalog pushed to an internal session (SPEC C3) sends ``tools/list_changed`` to
+  every MCP client, whatever version it negotiated (:class:`gateway.mcp.notify.ListChanged`).
+- Internal sessions are not the user's sockets: they do not count against
+  ``limits.max_sessions_per_user`` (SPEC E2).
 """
 
 from __future__ import annotations
@@ -28,20 +33,16 @@ import asyncio
 import contextlib
 import json
 import logging
-import secrets
 import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
-from urllib.parse import parse_qs
 
 import mcp_types as types
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
-from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
+from mcp.server.subscriptions import ListenHandler
 from mcp.server.transport_security import TransportSecuritySettings
-from mcp_types.version import MODERN_PROTOCOL_VERSIONS
-from starlette.responses import PlainTextResponse
 from starlette.types import Receive, Scope, Send
 
 from catalog.exports import to_mcp
@@ -49,9 +50,12 @@ from catalog.model import Mode
 from catalog.visibility import Scope as Visibility
 from catalog.visibility import visible_tools
 from gateway.approvals import Approvals
-from gateway.auth import Authenticator, AuthError, Identity, bearer
+from gateway.auth import Authenticator, Identity
 from gateway.authority import Authority
 from gateway.catalog_state import CatalogState
+from gateway.mcp.admit import HttpAdmission
+from gateway.mcp.approve import ApprovalAsker
+from gateway.mcp.notify import ListChanged, ListChangedServer
 from gateway.pipeline import Pipeline
 from gateway.session import Session, SessionTable, TokenBucket
 from protocol import messages as m
@@ -59,13 +63,6 @@ from protocol.codec import decode_json
 
 logger = logging.getLogger("gateway.mcp.serve")
 
-PROFILE_HEADER = "x-toolbus-profile"
-APPROVAL_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {"approve": {"type": "boolean", "title": "Allow this call?"}},
-    "required": ["approve"],
-}
-"""The form an approval asks for (SPEC A3 through MCP elicitation, M4)."""
 
 _Principal = tuple[Identity, str, str]
 """(identity, profile name, credential) of one authenticated request."""
@@ -153,26 +150,25 @@ class McpEndpoint:
         credentials_in: Callable[[str, str], bool],
         origin_allowed: Callable[[str], bool],
     ) -> None:
-        self.authenticator = authenticator
+        self.admission = HttpAdmission(authenticator, credentials_in, origin_allowed)
+        """The HTTP checks before the SDK sees a request (SPEC S2)."""
         self.sessions = sessions
         self.catalog = catalog
         self.pipeline = pipeline
-        self.approvals = approvals
+        self.asker = ApprovalAsker(approvals)
+        """Approvals asked through MCP elicitation (SPEC A3, A5)."""
         self.authority = authority
         self.bucket = bucket
         self.clock = clock
-        self.credentials_in = credentials_in
-        self.origin_allowed = origin_allowed
         self._links: dict[tuple[str | None, str, str], _Frames] = {}
-        self.bus = InMemorySubscriptionBus()
-        """``notifications/tools/list_changed`` to ``subscriptions/listen`` streams."""
-        self._publishing: set[asyncio.Task[None]] = set()
-        self.server: Server[Any] = Server(
+        self.changes = ListChanged()
+        """``tools/list_changed`` to every MCP client on a catalog change (SPEC C3)."""
+        self.server: Server[Any] = ListChangedServer(
             "toolbus",
             version="1",
             on_list_tools=self._list_tools,
             on_call_tool=self._call_tool,
-            on_subscriptions_listen=ListenHandler(self.bus),
+            on_subscriptions_listen=ListenHandler(self.changes.bus),
         )
         self.manager = StreamableHTTPSessionManager(
             app=self.server,
@@ -191,42 +187,15 @@ class McpEndpoint:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return
-        path, query = scope["path"], scope.get("query_string", b"").decode("latin-1")
-        refusal = self._refusal(scope, path, query)
+        refusal = self.admission.refusal(scope)
         if refusal is not None:
             await refusal(scope, receive, send)
             return
+        if scope["method"] == "DELETE":  # the client ends its MCP session
+            for key, value in scope["headers"]:
+                if key.lower() == b"mcp-session-id":
+                    self.changes.forget(value.decode("latin-1"))
         await self.manager.handle_request(scope, receive, send)
-
-    def _refusal(self, scope: Scope, path: str, query: str) -> PlainTextResponse | None:
-        """HTTP refusals before the SDK sees the request (SPEC S2)."""
-        if path.rstrip("/") != "/mcp":
-            return PlainTextResponse("not found\n", 404)
-        if self.credentials_in(path, query):
-            return PlainTextResponse(
-                "credentials are not accepted in the URL; send Authorization: Bearer\n", 400
-            )
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        origin = headers.get("origin")
-        if origin is not None and not self.origin_allowed(origin):
-            return PlainTextResponse("origin not allowed\n", 403)
-        credential = bearer(headers.get("authorization"))
-        try:
-            identity = self.authenticator.authenticate(credential)
-        except AuthError:
-            return PlainTextResponse(
-                "authentication failed\n", 401, headers={"WWW-Authenticate": "Bearer"}
-            )
-        asked: str | None = headers.get(PROFILE_HEADER) or next(
-            iter(parse_qs(query).get("profile", [])), None
-        )
-        if asked is None and len(identity.profiles) == 1:
-            asked = next(iter(identity.profiles))
-        if asked is None or asked not in identity.profiles:
-            granted = ", ".join(sorted(identity.profiles)) or "none"
-            return PlainTextResponse(f"profile not granted; granted: {granted}\n", 403)
-        scope.setdefault("state", {})["toolbus"] = (identity, asked, credential or "")
-        return None
 
     # -- sessions -------------------------------------------------------------------------
 
@@ -249,23 +218,15 @@ class McpEndpoint:
             {},
             self.bucket(),
             self.clock(),
+            internal=True,  # not one of the user's sockets: not counted (SPEC E2)
         )
-        link = _Frames(session, self._catalog_changed)
+        link = _Frames(session, self.changes.changed)
         link.credential = credential
         self.sessions.attach(session, link)  # type: ignore[arg-type]
         self.catalog.push(session, m.CatalogReason.INITIAL, force=True)
         self.authority.bind(session, credential, identity)
         self._links[key] = link
         return link
-
-    def _catalog_changed(self) -> None:
-        """A session's catalog changed (SPEC C3): tell the listening MCP clients (M4).
-
-        One bus for all principals: a listener may hear of another profile's change and
-        list again to find its own unchanged; it never misses its own."""
-        task = asyncio.get_running_loop().create_task(self.bus.publish(ToolsListChanged()))
-        self._publishing.add(task)
-        task.add_done_callback(self._publishing.discard)
 
     @staticmethod
     def _principal(ctx: ServerRequestContext[Any]) -> _Principal:
@@ -279,6 +240,7 @@ class McpEndpoint:
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
         session = self._link(self._principal(ctx)).session
+        self.changes.remember(ctx)
         scope = Visibility(session.context, session.origin)
         # A `mode: client` tool runs in a toolbus client; an MCP host has none (I3).
         tools = [
@@ -295,8 +257,9 @@ class McpEndpoint:
         answers the approval it was asked for and goes on waiting for the same call."""
         link = self._link(self._principal(ctx))
         session = link.session
+        self.changes.remember(ctx)
         if params.request_state is not None:
-            call_id = self._answered(link, params)
+            call_id = self.asker.answered(session, link.parked, params)
             if call_id is None:
                 return _error("expired: this approval is no longer pending")
         else:
@@ -323,23 +286,13 @@ class McpEndpoint:
             if not parked:
                 link.waiters.pop(call_id, None)
 
-    def _answered(self, link: _Frames, params: types.CallToolRequestParams) -> str | None:
-        """The call a retry belongs to, after applying its approval answer (SPEC A3)."""
-        asked = link.parked.pop(str(params.request_state), None)
-        if asked is None:
-            return None
-        call_id, approval_id = asked
-        answer = (params.input_responses or {}).get("approval")
-        self.approvals.confirm(link.session.id, link.session.user, approval_id, _decision(answer))
-        return call_id
-
     async def _on_frame(
         self, ctx: ServerRequestContext[Any], link: _Frames, call_id: str, frame: dict[str, Any]
     ) -> types.CallToolResult | types.InputRequiredResult | None:
         """One frame of a running call; the MCP result once the call is over."""
         kind = frame["type"]
         if kind == "tool_start" and frame.get("approval_id"):
-            return await self._approve(ctx, link, call_id, frame)
+            return await self.asker.ask(ctx, link.session, link.parked, call_id, frame)
         if kind == "result":
             return _result(frame["result"])
         if kind == "job.done":
@@ -355,46 +308,6 @@ class McpEndpoint:
                 frame.get("progress") or 0.0, 1.0, frame.get("message")
             )
         return None
-
-    async def _approve(
-        self, ctx: ServerRequestContext[Any], link: _Frames, call_id: str, frame: dict[str, Any]
-    ) -> types.InputRequiredResult | None:
-        """SPEC A3 via MCP elicitation; SPEC A5 (declined) when the client cannot be asked.
-
-        A 2026-07-28 client is asked with an ``InputRequiredResult`` (the call waits for
-        its retry, the state a random key held here); an older one with
-        ``elicitation/create`` on the request's stream.
-        """
-        session = link.session
-        capabilities = ctx.session.client_capabilities
-        if capabilities is None or capabilities.elicitation is None:
-            self.approvals.confirm(session.id, session.user, frame["approval_id"], m.Decision.DENY)
-            return None
-        form = types.ElicitRequestFormParams(
-            message=f"Allow {frame['tool']} with {json.dumps(frame['params'])}?",
-            requested_schema=APPROVAL_SCHEMA,
-        )
-        if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
-            state = secrets.token_urlsafe(24)
-            link.parked[state] = (call_id, frame["approval_id"])
-            return types.InputRequiredResult(
-                input_requests={"approval": types.ElicitRequest(params=form)},
-                request_state=state,
-            )
-        answer = await ctx.session.elicit_form(form.message, form.requested_schema, ctx.request_id)
-        self.approvals.confirm(session.id, session.user, frame["approval_id"], _decision(answer))
-        return None
-
-
-def _decision(answer: object) -> m.Decision:
-    """``allow`` only for an accepted form whose ``approve`` is true (SPEC A3)."""
-    if (
-        isinstance(answer, types.ElicitResult)
-        and answer.action == "accept"
-        and (answer.content or {}).get("approve") is True
-    ):
-        return m.Decision.ALLOW
-    return m.Decision.DENY
 
 
 def _result(value: dict[str, Any]) -> types.CallToolResult:

@@ -13,19 +13,18 @@ it that way:
   ``unavailable`` (SPEC M2) while the task reconnects (or restarts the subprocess)
   with exponential backoff from ``backoff_initial`` to ``backoff_max`` seconds.
 
-Calls (:meth:`MountedServer.call`) run on the caller's task: cancelling it (``call.cancel``,
-``job.cancel``, a timeout) makes the SDK send ``notifications/cancelled`` (SPEC M3).
+Calls (:meth:`MountedServer.call`, :func:`gateway.mcp.calls.call_tool`) run on the
+caller's task: cancelling it (``call.cancel``, ``job.cancel``, a timeout) makes the SDK
+send ``notifications/cancelled`` (SPEC M3). What the server asks during a call (sampling,
+elicitation) is :class:`gateway.mcp.peer.PeerRequests`'s.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
-import inspect
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import replace
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import anyio
@@ -34,36 +33,21 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
-from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
-from pydantic import ValidationError
 
-from catalog.handlers import resolve_handler
-from catalog.mcp_mounts import MountSpec, UnsetVariable, expand_env, tool_definition
+from catalog.mcp_mounts import MountSpec, UnsetVariable, expand_env
 from catalog.model import ToolDef
-from catalog.tooldefs import parse_tool
 from gateway.context import ToolContext
 from gateway.failures import ToolFailure
+from gateway.mcp.calls import Handler, build_tools, call_tool, list_entries
 from gateway.mcp.errlog import logged_stdio
-from gateway.mcp.mapping import error_text, to_result
+from gateway.mcp.peer import Elicit, PeerRequests
 from protocol.errors import ErrorCode
 
 logger = logging.getLogger("gateway.mcp")
 
-Handler = Callable[[dict[str, Any], ToolContext], Any]
-Elicit = Callable[
-    [ToolContext, str, dict[str, Any]], Awaitable["tuple[Any, dict[str, Any] | None]"]
-]
-"""``elicit(ctx, message, schema) -> (action, content)``: asks the call's user (SPEC M3)."""
-
-_CALL: contextvars.ContextVar[ToolContext | None] = contextvars.ContextVar("mcp_call", default=None)
-"""The toolbus call a ``tools/call`` runs for, seen by callbacks run in the caller's task
-(2026-07-28 servers ask for input inside the call's own round trips)."""
-
-
-class _Lost(Exception):
-    """The connection to the server is gone; the supervisor reconnects."""
+__all__ = ["Elicit", "MountedServer", "describe"]
 
 
 @contextlib.asynccontextmanager
@@ -119,8 +103,8 @@ class MountedServer:
     ) -> None:
         self.spec = spec
         self._publish = publish
-        self._elicit = elicit
-        self._inflight: list[ToolContext] = []
+        self.peer = PeerRequests(spec, elicit, describe)
+        """The server's sampling and elicitation requests (SPEC M3)."""
         self.client: Client | None = None
         self.tools: dict[str, ToolDef] = {}
         """toolbus name -> tool, as last listed; kept while the server is down."""
@@ -128,6 +112,9 @@ class MountedServer:
         """Why listed tools were left out (bad names, bad schemas), for ``toolbus check``."""
         self.last_error: str | None = None
         self.connected = asyncio.Event()
+        self.settled = asyncio.Event()
+        """Set once the first connection attempt ended (connected and its tools published,
+        or failed) and when stopped: job recovery waits for it (SPEC J5, M2)."""
         self.attempts = 0
         self._lost = asyncio.Event()
         self._relist = asyncio.Event()
@@ -154,8 +141,8 @@ class MountedServer:
         return Client(
             self._transport(),
             message_handler=self._on_message,
-            sampling_callback=self._sampling,
-            elicitation_callback=self._elicitation if self._elicit is not None else None,
+            sampling_callback=self.peer.sampling,
+            elicitation_callback=self.peer.elicitation if self.peer.elicit is not None else None,
             client_info=types.Implementation(name="toolbus", version="1"),
             cache=None,
         )
@@ -167,9 +154,12 @@ class MountedServer:
         shielded against anyio cancellation only, and a native cancel can leave the
         server's subprocess running.
         """
-        with anyio.CancelScope() as self._scope:
-            if not self._stopped:
-                await self._supervise()
+        try:
+            with anyio.CancelScope() as self._scope:
+                if not self._stopped:
+                    await self._supervise()
+        finally:
+            self.settled.set()
 
     def stop(self) -> None:
         """End :meth:`run`: the connection is closed and a subprocess stopped."""
@@ -192,6 +182,7 @@ class MountedServer:
                 self.client = None
                 self.connected.clear()
             self.attempts += 1
+            self.settled.set()
             if was_up:
                 delay = self.spec.backoff_initial  # it worked until now: retry soon
             logger.warning(
@@ -219,6 +210,7 @@ class MountedServer:
                     self.connected.set()
                     logger.info("mcp %s: connected, %d tools", self.spec.name, len(self.tools))
                     self._publish(self)
+                    self.settled.set()
                     await self._watch(client)
             finally:
                 timer.cancel()
@@ -289,80 +281,14 @@ class MountedServer:
         if isinstance(message, types.ToolListChangedNotification):
             self._relist.set()  # listed by _watch: never call the server from here
 
-    async def _sampling(
-        self, context: Any, params: types.CreateMessageRequestParams
-    ) -> types.CreateMessageResult | types.ErrorData:
-        """SPEC M3: refused plainly, unless the server's ``sampling`` handler answers."""
-        if self.spec.sampling is None:
-            return types.ErrorData(
-                code=types.INVALID_REQUEST,
-                message=(
-                    f"sampling is not available: toolbus does not offer an LLM to mounted "
-                    f"MCP server {self.spec.name!r}"
-                ),
-            )
-        try:
-            sampler = resolve_handler(self.spec.sampling)
-            value = sampler(params.model_dump(mode="json", by_alias=True, exclude_none=True))
-            if inspect.isawaitable(value):
-                value = await value
-            return types.CreateMessageResult.model_validate(value)
-        except Exception as exc:  # the deployment's handler: any failure is an answer
-            logger.warning("mcp %s: sampling handler failed: %s", self.spec.name, describe(exc))
-            return types.ErrorData(
-                code=types.INTERNAL_ERROR, message=f"sampling failed: {describe(exc)}"
-            )
-
-    async def _elicitation(
-        self, context: Any, params: types.ElicitRequestParams
-    ) -> types.ElicitResult:
-        """SPEC M3: the question goes to the user of the call it belongs to. That call is
-        the caller's task's (2026-07-28), else the one call in flight (2025-era servers
-        ask on their own stream); with several in flight, or a URL-mode question, the
-        answer is ``decline``, since toolbus cannot tell whom to ask."""
-        ctx = _CALL.get() or (self._inflight[0] if len(self._inflight) == 1 else None)
-        if self._elicit is None or ctx is None or isinstance(params, types.ElicitRequestURLParams):
-            return types.ElicitResult(action="decline")
-        schema = params.requested_schema
-        if not isinstance(schema, dict):
-            schema = schema.model_dump(mode="json", by_alias=True, exclude_none=True)
-        action, content = await self._elicit(ctx, params.message, schema)
-        return types.ElicitResult(action=action.value, content=content)
-
     # -- tools ---------------------------------------------------------------------------
 
     async def _load(self, client: Client) -> None:
-        entries: list[dict[str, Any]] = []
-        cursor: str | None = None
-        for _ in range(100):  # a server whose pages never end cannot hang us
-            page = await client.list_tools(cursor=cursor, cache_mode="refresh")
-            entries.extend(
-                t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in page.tools
-            )
-            cursor = page.next_cursor
-            if cursor is None:
-                break
-        self.tools, self.problems = self.build(entries)
+        self.tools, self.problems = self.build(await list_entries(client))
 
     def build(self, entries: list[dict[str, Any]]) -> tuple[dict[str, ToolDef], list[str]]:
-        """toolbus tools from ``tools/list`` entries (SPEC M1): filtered by include and
-        exclude, defaults from annotations, overrides applied, each checked like a file
-        tool (SPEC C1); a tool that fails is left out and its problems returned."""
-        tools: dict[str, ToolDef] = {}
-        problems: list[str] = []
-        source = f"mcp:{self.spec.name}"
-        for index, entry in enumerate(entries):
-            mcp_name = str(entry.get("name"))
-            if not self.spec.wanted(mcp_name):
-                continue
-            parsed = parse_tool(
-                tool_definition(self.spec, entry), source, index, resolve_handlers=False
-            )
-            if parsed.tool is None:
-                problems.extend(f"{mcp_name}: {p}" for p in parsed.problems)
-                continue
-            tools[parsed.tool.name] = replace(parsed.tool, func=self._handler(mcp_name))
-        return tools, problems
+        """toolbus tools from ``tools/list`` entries (SPEC M1; :func:`build_tools`)."""
+        return build_tools(self.spec, entries, self._handler)
 
     def _handler(self, mcp_name: str) -> Handler:
         async def call_mcp_tool(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
@@ -380,43 +306,17 @@ class MountedServer:
             ToolFailure: ``unavailable`` when the server is not connected or the
                 connection is lost during the call (SPEC M2); ``handler_error`` with
                 the server's text for ``isError``, with the MCP error for a JSON-RPC
-                error, or naming a malformed result (SPEC M3).
+                error, or naming a malformed result (SPEC M3; :func:`call_tool`).
         """
         client = self.client
         if client is None or self._lost.is_set():
             raise ToolFailure(ErrorCode.UNAVAILABLE, self._down_text())
+        return await call_tool(client, self.peer, mcp_name, params, ctx, self._lose)
 
-        async def on_progress(progress: float, total: float | None, message: str | None) -> None:
-            # SPEC M3, J2: MCP progress (value, optional total) -> fraction and message.
-            fraction = progress / total if total else None
-            text = f"{progress:g}/{total:g}" if total else f"{progress:g}"
-            ctx.progress(fraction, message or text)
-
-        token = _CALL.set(ctx)
-        self._inflight.append(ctx)
-        try:
-            result = await client.call_tool(mcp_name, params, progress_callback=on_progress)
-        except MCPError as exc:
-            if exc.code == types.CONNECTION_CLOSED:
-                self.last_error = "the connection was lost during a call"
-                self._lost.set()
-                raise ToolFailure(
-                    ErrorCode.UNAVAILABLE,
-                    f"MCP server {self.spec.name!r} went away during the call",
-                ) from None
-            raise ToolFailure(ErrorCode.HANDLER_ERROR, f"MCP error {exc.code}: {exc}") from None
-        except ValidationError as exc:
-            raise ToolFailure(
-                ErrorCode.HANDLER_ERROR,
-                f"MCP server {self.spec.name!r} sent a malformed result: "
-                f"{exc.error_count()} problem(s), first: {exc.errors()[0]['msg']}",
-            ) from None
-        finally:
-            _CALL.reset(token)
-            self._inflight.remove(ctx)
-        if result.is_error:
-            raise ToolFailure(ErrorCode.HANDLER_ERROR, error_text(result))
-        return to_result(result, ctx.tool)
+    def _lose(self) -> None:
+        """The connection closed during a call: the supervisor reconnects (SPEC M2)."""
+        self.last_error = "the connection was lost during a call"
+        self._lost.set()
 
     def _down_text(self) -> str:
         why = f" ({self.last_error})" if self.last_error else ""

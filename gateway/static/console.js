@@ -1,5 +1,6 @@
 // The toolbus demo console (SPEC K2): catalog, schema-driven invoke form, approval
-// cards, "always allow" grants (SPEC A3), live job feed, log. Everything server-provided is rendered with textContent.
+// cards, "always allow" grants (SPEC A3), questions of mounted MCP servers as forms
+// (elicitation, SPEC M3), live job feed, log. Everything server-provided is rendered with textContent.
 import { ToolbusClient } from "./toolbus.js";
 
 const $ = (sel, root = document) => root.querySelector(sel);
@@ -43,6 +44,8 @@ const ui = {
   invokeError: $("#invoke-error"),
   approvals: $("#approvals"),
   approvalCount: $("#approval-count"),
+  elicitations: $("#elicitations"),
+  elicitationCount: $("#elicitation-count"),
   grants: $("#grants"),
   grantCount: $("#grant-count"),
   grantsEmpty: $("#grants-empty"),
@@ -140,6 +143,8 @@ function clearSession() {
   ui.catalogVersion.textContent = "";
   ui.approvals.replaceChildren();
   updateApprovalCount();
+  ui.elicitations.replaceChildren();
+  updateElicitationCount();
   renderGrants([]);
   renderForm();
 }
@@ -178,6 +183,12 @@ function wire(c) {
     // (confirm.result may come first), so list the grants once tool.resolved is here.
     if (msg.always) refreshGrants(c);
   });
+  c.on("elicitation", (msg) => {
+    if (c !== client) return;
+    log("elicit.request", `${msg.tool}: ${msg.message}`, { callId: msg.call_id });
+    addElicitation(msg);
+  });
+  c.on("elicitation.settled", ({ elicitation_id: id }) => { if (c === client) removeElicitation(id); });
   c.on("tool_start", (msg) => {
     if (c !== client) return;
     log("tool_start", `${msg.tool} ${JSON.stringify(msg.params)}${msg.approval_id ? " (awaiting approval)" : ""}`, { callId: msg.call_id });
@@ -405,13 +416,188 @@ function removeApproval(approvalId) {
 
 function tickExpiry() {
   const now = Date.now() / 1000;
-  for (const node of ui.approvals.querySelectorAll("[data-expires-at]")) {
+  for (const node of document.querySelectorAll("[data-expires-at]")) {
     const left = Math.max(0, Math.round(Number(node.dataset.expiresAt) - now));
     const h = Math.floor(left / 3600), m = Math.floor((left % 3600) / 60), s = left % 60;
     node.textContent = `expires in ${h ? `${h}h ` : ""}${m}m ${String(s).padStart(2, "0")}s`;
+    const question = node.closest(".elicitation");
+    if (left === 0 && question && !question.classList.contains("expired")) {
+      // The server answered the tool "cancel" at expires_at (SPEC M3).
+      question.classList.add("expired");
+      for (const button of question.querySelectorAll("button")) button.disabled = true;
+      $('[data-testid="elicitation-note"]', question).textContent = "expired: the tool was told cancel";
+    }
   }
 }
 setInterval(tickExpiry, 1000);
+
+// ------------------------------------------------------------------- elicitations
+
+// A mounted MCP server asks the user during a call (SPEC M3). MCP elicitation restricts
+// the requested schema to a flat object of primitive properties: string (format email,
+// uri, date, date-time; minLength/maxLength), number and integer (minimum/maximum),
+// boolean, single-select enums (enum, legacy enumNames, or oneOf/anyOf of const+title)
+// and multi-select arrays of such enums. Anything else gets a JSON box.
+
+const STRING_INPUT = { email: "email", uri: "url", date: "date", "date-time": "datetime-local" };
+
+function updateElicitationCount() {
+  ui.elicitationCount.textContent = String(ui.elicitations.children.length);
+}
+
+function choicesOf(prop) {
+  if (!prop || typeof prop !== "object") return null;
+  if (Array.isArray(prop.enum)) {
+    return prop.enum.map((value, i) => ({ value, label: String(prop.enumNames?.[i] ?? value) }));
+  }
+  const list = prop.oneOf || prop.anyOf;
+  if (Array.isArray(list) && list.length && list.every((o) => o && typeof o === "object" && "const" in o)) {
+    return list.map((o) => ({ value: o.const, label: String(o.title ?? o.const) }));
+  }
+  return null;
+}
+
+/** One form row for property `name`: {row, read}; read() returns the typed value, or
+ *  undefined when left empty, and throws an Error naming the field when it is invalid. */
+function elicitField(questionId, name, prop, isRequired) {
+  const id = `elicit-${questionId}-${name}`;
+  const testid = `elicit-field-${name}`;
+  const label = prop.title || name;
+  const t = mainType(prop);
+  const choices = t === "array" ? choicesOf(prop.items) : choicesOf(prop);
+  let input;
+  let read;
+  if (t === "array" && choices) {
+    const chosen = new Set((Array.isArray(prop.default) ? prop.default : []).map((v) => JSON.stringify(v)));
+    const boxes = choices.map((choice) => el("input", { type: "checkbox", checked: chosen.has(JSON.stringify(choice.value)) }));
+    input = el("div", { id, class: "choices", testid },
+      ...choices.map((choice, i) => el("label", {}, boxes[i], ` ${choice.label}`)));
+    read = () => {
+      const values = choices.filter((_, i) => boxes[i].checked).map((choice) => choice.value);
+      if (!values.length && !isRequired) return undefined;
+      if (prop.minItems != null && values.length < prop.minItems) throw new Error(`${label}: choose at least ${prop.minItems}`);
+      if (prop.maxItems != null && values.length > prop.maxItems) throw new Error(`${label}: choose at most ${prop.maxItems}`);
+      return values;
+    };
+  } else if (choices) {
+    input = el("select", { id, name, testid });
+    const hasDefault = "default" in prop;
+    if (!hasDefault || !isRequired) input.append(el("option", { value: "", text: isRequired ? "— choose —" : "(unset)" }));
+    choices.forEach((choice, i) => input.append(el("option", { value: String(i), text: choice.label })));
+    if (hasDefault) input.value = String(choices.findIndex((c) => JSON.stringify(c.value) === JSON.stringify(prop.default)));
+    read = () => (input.value === "" ? undefined : choices[Number(input.value)].value);
+  } else if (t === "boolean") {
+    input = el("input", { id, name, type: "checkbox", testid, checked: prop.default === true });
+    read = () => input.checked;
+  } else if (t === "number" || t === "integer") {
+    input = el("input", { id, name, type: "number", testid, step: t === "integer" ? "1" : "any",
+      min: prop.minimum, max: prop.maximum });
+    if (typeof prop.default === "number") input.value = String(prop.default);
+    read = () => {
+      const raw = input.value.trim();
+      if (raw === "") return undefined;
+      const value = Number(raw);
+      if (!Number.isFinite(value)) throw new Error(`${label}: not a number`);
+      if (t === "integer" && !Number.isInteger(value)) throw new Error(`${label}: not a whole number`);
+      if (prop.minimum != null && value < prop.minimum) throw new Error(`${label}: at least ${prop.minimum}`);
+      if (prop.maximum != null && value > prop.maximum) throw new Error(`${label}: at most ${prop.maximum}`);
+      return value;
+    };
+  } else if (t === "string") {
+    input = el("input", { id, name, type: STRING_INPUT[prop.format] || "text", testid,
+      minlength: prop.minLength, maxlength: prop.maxLength });
+    if (typeof prop.default === "string") input.value = prop.default;
+    read = () => {
+      const raw = input.value;
+      if (raw === "") return undefined;
+      if (input.validity.typeMismatch || input.validity.badInput) throw new Error(`${label}: not a valid ${prop.format}`);
+      if (prop.minLength != null && raw.length < prop.minLength) throw new Error(`${label}: at least ${prop.minLength} characters`);
+      if (prop.maxLength != null && raw.length > prop.maxLength) throw new Error(`${label}: at most ${prop.maxLength} characters`);
+      return prop.format === "date-time" ? new Date(raw).toISOString() : raw;
+    };
+  } else {
+    input = el("textarea", { id, name, testid, spellcheck: "false", placeholder: "JSON" });
+    read = () => {
+      const raw = input.value.trim();
+      if (raw === "") return undefined;
+      try { return JSON.parse(raw); } catch { throw new Error(`${label}: not valid JSON`); }
+    };
+  }
+  const checked = () => {
+    const value = read();
+    if (value === undefined && isRequired) throw new Error(`${label}: required`);
+    return value;
+  };
+  const group = t === "array" && choices; // a group of checkboxes, each with its own label
+  const row = el(group ? "div" : "label", { class: "field", for: group ? null : id, "data-field": name },
+    el("span", { text: label }, isRequired ? el("span", { class: "req", testid: `elicit-required-${name}`, title: "required", text: "*" }) : null),
+    input,
+    prop.description ? el("small", { text: prop.description }) : null);
+  return { row, read: checked };
+}
+
+function addElicitation(msg) {
+  if (ui.elicitations.querySelector(`[data-elicitation-id="${CSS.escape(msg.elicitation_id)}"]`)) return;
+  const schema = msg.requested_schema || {};
+  const required = new Set(schema.required || []);
+  const fields = Object.entries(schema.properties || {}).map(([name, prop]) =>
+    [name, elicitField(msg.elicitation_id, name, prop || {}, required.has(name))]);
+  const expiry = el("span", { class: "muted", testid: "elicitation-expiry" });
+  if (msg.expires_at) {
+    expiry.dataset.expiresAt = String(msg.expires_at);
+    expiry.title = new Date(msg.expires_at * 1000).toLocaleString();
+  }
+  const note = el("span", { class: "error-text", testid: "elicitation-note", role: "alert" });
+  const buttons = [];
+  const answer = (action) => async (event) => {
+    event.preventDefault();
+    note.textContent = "";
+    let content;
+    if (action === "accept") {
+      content = {};
+      try {
+        for (const [name, field] of fields) {
+          const value = field.read();
+          if (value !== undefined) content[name] = value;
+        }
+      } catch (err) {
+        note.textContent = err.message; // nothing is sent: fix the form, or decline
+        return;
+      }
+    }
+    buttons.forEach((b) => { b.disabled = true; });
+    try {
+      const reply = await client.answerElicitation(msg.elicitation_id, action, content);
+      log("elicit.answer", `${msg.tool}: ${action}${reply.accepted ? "" : ` (not accepted: ${reply.reason})`}`,
+        { callId: msg.call_id, bad: !reply.accepted });
+    } catch (err) {
+      note.textContent = err.message;
+      buttons.forEach((b) => { b.disabled = false; });
+    }
+  };
+  buttons.push(
+    el("button", { type: "submit", testid: "elicitation-accept", text: "Send" }),
+    el("button", { type: "button", class: "deny", testid: "elicitation-decline", onclick: answer("decline"), text: "Decline" }),
+    el("button", { type: "button", class: "secondary", testid: "elicitation-cancel", onclick: answer("cancel"), text: "Cancel" }),
+  );
+  const form = el("form", { class: "fields", testid: "elicitation-form", novalidate: true, onsubmit: answer("accept") },
+    ...fields.map(([, field]) => field.row),
+    el("div", { class: "actions" }, ...buttons, note));
+  const card = el("div", { class: "card elicitation", testid: "elicitation-card",
+    "data-elicitation-id": msg.elicitation_id, "data-call-id": msg.call_id },
+  el("div", { class: "head" }, el("strong", { class: "mono", testid: "elicitation-tool", text: msg.tool }), expiry),
+  el("p", { testid: "elicitation-message", text: msg.message }),
+  form);
+  ui.elicitations.append(card);
+  updateElicitationCount();
+  tickExpiry();
+}
+
+function removeElicitation(elicitationId) {
+  const card = ui.elicitations.querySelector(`[data-elicitation-id="${CSS.escape(elicitationId)}"]`);
+  if (card) card.remove();
+  updateElicitationCount();
+}
 
 // ------------------------------------------------------------------- grants
 

@@ -19,9 +19,12 @@ export const PROTOCOL = "toolbus.v1";
 
 /** Server events that carry `seq` (docs/protocol.md, "Durable events"). */
 export const DURABLE_TYPES = new Set([
-  "catalog", "tool_start", "tool.resolved", "result", "dispatched", "call.error",
+  "catalog", "tool_start", "tool.resolved", "elicit.request", "result", "dispatched", "call.error",
   "job.progress", "job.done", "job.failed", "job.cancelled",
 ]);
+
+/** Events that end a call for good: its open elicitations can no longer be answered. */
+const CALL_END_TYPES = new Set(["result", "call.error", "job.done", "job.failed", "job.cancelled"]);
 
 /** The one terminal reply of each invoke (SPEC I12). */
 export const TERMINAL_TYPES = new Set(["result", "dispatched", "call.error"]);
@@ -70,6 +73,11 @@ function defaultUrl() {
  *   catalog, tool_start, tool.resolved, result, dispatched, call.error,
  *   job.progress, job.done, job.failed, job.cancelled   durable events, each seq once
  *   approval       a tool_start carrying approval_id (needs confirm())
+ *   elicit.request, elicitation   a running tool (a mounted MCP server) asks the user
+ *                  (SPEC M3): message, requested_schema (a flat object of primitive
+ *                  properties), expires_at; answer with answerElicitation()
+ *   elicitation.settled  detail {elicitation_id, call_id, why}: the question left
+ *                  pendingElicitations ("answered", "call_ended", "new_session")
  *   reconnect      the server's drain hint
  *   auth.expiring  the credential expires at detail.expires_at (SPEC S6); call
  *                  refreshCredentials(token) before then, or the server closes 4004
@@ -128,6 +136,8 @@ export class ToolbusClient extends EventTarget {
     this.catalog = null;
     /** approval_id -> tool_start message, until tool.resolved */
     this.pendingApprovals = new Map();
+    /** elicitation_id -> elicit.request, until answered or its call ends (SPEC M3) */
+    this.pendingElicitations = new Map();
 
     this._calls = new Map();      // call_id -> {resolve, reject, frame, sent}
     this._requests = new Map();   // request id -> {resolve, reject, timer, expect, sent}
@@ -327,6 +337,9 @@ export class ToolbusClient extends EventTarget {
       case "tool.resolved":
         this.pendingApprovals.delete(msg.approval_id);
         break;
+      case "elicit.request":
+        this.pendingElicitations.set(msg.elicitation_id, msg);
+        break;
       default:
         break;
     }
@@ -334,6 +347,8 @@ export class ToolbusClient extends EventTarget {
     try {
       this._emit(msg.type, msg);
       if (msg.type === "tool_start" && msg.approval_id) this._emit("approval", msg);
+      if (msg.type === "elicit.request") this._emit("elicitation", msg);
+      if (CALL_END_TYPES.has(msg.type)) this._settleElicitations((q) => q.call_id === msg.call_id, "call_ended");
     } finally {
       if (TERMINAL_TYPES.has(msg.type)) {
         const call = this._calls.get(msg.call_id);
@@ -391,6 +406,7 @@ export class ToolbusClient extends EventTarget {
       this.lastSeq = 0;
       this.ackedSeq = 0;
       this.pendingApprovals.clear();
+      this._settleElicitations(() => true, "new_session");
     } else {
       this.ackedSeq = 0; // re-send the cumulative ack: the last one may have been lost
     }
@@ -543,6 +559,28 @@ export class ToolbusClient extends EventTarget {
    *  `confirm.result` ({accepted, reason?}). */
   confirm(approvalId, decision) {
     return this._request({ type: "tool.confirm", approval_id: approvalId, decision });
+  }
+
+  /**
+   * Answer an `elicit.request` (SPEC M3): action "accept" with `content` (an object
+   * matching its requested_schema, typed: numbers as numbers, booleans as booleans),
+   * "decline" or "cancel". Resolves with `elicit.result` ({accepted, reason?}); the
+   * first answer wins, a later one is not accepted ("unknown").
+   */
+  async answerElicitation(elicitationId, action, content) {
+    const frame = { type: "elicit.answer", elicitation_id: elicitationId, action };
+    if (action === "accept" && content !== undefined) frame.content = content;
+    const reply = await this._request(frame);
+    this._settleElicitations((q) => q.elicitation_id === elicitationId, "answered");
+    return reply;
+  }
+
+  _settleElicitations(which, why) {
+    for (const [id, question] of this.pendingElicitations) {
+      if (!which(question)) continue;
+      this.pendingElicitations.delete(id);
+      this._emit("elicitation.settled", { elicitation_id: id, call_id: question.call_id, why });
+    }
   }
 
   /** Cancel a running or approval-pending call; its terminal message settles invoke(). */

@@ -21,6 +21,8 @@ KM = {"value": 1, "from_unit": "km", "to_unit": "m"}
 
 
 def connect(gateway: Gateway, **options: Any) -> toolbus.Client:
+    """A client that receives every `tool_start` (SPEC A6), so each call is two events."""
+    options.setdefault("tool_start", m.ToolStarts.ALL)
     return toolbus.connect(
         gateway.url, token="alice-token", profile="demo", request_timeout=WAIT, **options
     )

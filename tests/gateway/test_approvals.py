@@ -167,14 +167,12 @@ async def test_a2_approval_registered_before_tool_start_is_emitted(
         verdicts: list[m.NotAcceptedReason | None] = []
         original = Session.emit
 
-        def emit(self: Session, cls: type[Any], **fields: Any) -> bytes:
-            if cls is m.ToolStart and fields.get("approval_id"):
+        def emit(self: Session, event: m.DurableEvent) -> bytes:
+            if isinstance(event, m.ToolStart) and event.approval_id:
                 verdicts.append(
-                    gw.approvals.confirm(
-                        self.id, self.user, fields["approval_id"], m.Decision.ALLOW
-                    )
+                    gw.approvals.confirm(self.id, self.user, event.approval_id, m.Decision.ALLOW)
                 )
-            return original(self, cls, **fields)
+            return original(self, event)
 
         monkeypatch.setattr(Session, "emit", emit)
         await p.invoke("c1", "gated", {})

@@ -27,9 +27,8 @@ LATER = 7200.0
 class Later(Gateway):
     """A gateway whose clock reads :data:`LATER` seconds ahead (the restart came later)."""
 
-    def _wire(self) -> None:
-        self.clock = lambda: time.time() + LATER
-        super()._wire()
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings, clock=lambda: time.time() + LATER)
 
 
 def job_settings(tmp_path: Path, **sections: Any) -> Settings:

@@ -119,7 +119,7 @@ async def test_case_f12_slow_consumer_bounded_closed_1013_nothing_lost(tmp_path:
             async def flood() -> None:
                 nonlocal peak
                 for i in range(count):
-                    session.emit(m.JobProgress, job_id="job_flood", tool="report", message=payload)
+                    session.emit(m.JobProgress(job_id="job_flood", tool="report", message=payload))
                     peak = max(peak, link.queued_bytes)
                     if i % 16 == 15:
                         await asyncio.sleep(0)  # a yield, not a delay: the outbox commits

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import sys
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from gateway import audit, logs
+from tests.support import WAIT
 
 
 @pytest.fixture
@@ -65,3 +67,25 @@ def test_plain_text_logs_without_audit_file() -> None:
     assert logs.setup("WARNING", False, None) is None
     assert logging.getLogger().level == logging.WARNING
     assert not isinstance(logging.getLogger().handlers[0].formatter, logs.JsonFormatter)
+
+
+@pytest.mark.usefixtures("restore_logging")
+async def test_i11_audit_records_of_one_loop_turn_reach_the_file_in_order(
+    tmp_path: Path,
+) -> None:
+    """SPEC I11: records written on the event loop go to the writer thread in batches;
+    every record lands, in order: a batch handed over by its timer, and one still
+    being gathered when the writer closes."""
+    path = tmp_path / "audit.jsonl"
+    writer = logs.setup("INFO", True, path)
+    assert writer is not None
+    for i in range(3):
+        audit.record(tool="t", outcome=f"a{i}")
+    async with asyncio.timeout(WAIT):  # the batch's timer hands it over; the writer writes
+        while len(path.read_text().splitlines()) < 3:  # noqa: ASYNC110 - a file, no event
+            await asyncio.sleep(logs.BatchHandler.DELAY)
+    for i in range(3):
+        audit.record(tool="t", outcome=f"b{i}")
+    writer.close()  # within the turn: close hands the gathered batch over first
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [line["outcome"] for line in lines] == ["a0", "a1", "a2", "b0", "b1", "b2"]

@@ -419,14 +419,20 @@ async def test_large_handler_values_never_exceed_the_frame_limit(tmp_path: Path)
                 orjson.dumps({"type": "hello", "token": "alice-token", "profile": "demo"}).decode()
             )
 
+            seen: list[dict[str, object]] = []
+
             async def until(kind: str, key: str, value: object) -> dict[str, object]:
+                # The three calls run at once: their frames may come in any order, so a
+                # frame read while waiting for another is kept, not dropped.
                 async with asyncio.timeout(WAIT):
                     while True:
+                        for frame in seen:
+                            if frame["type"] == kind and frame.get(key) == value:
+                                seen.remove(frame)
+                                return frame
                         raw = await ws.recv(decode=False)
                         assert len(raw) <= LIMIT
-                        frame = orjson.loads(raw)
-                        if frame["type"] == kind and frame.get(key) == value:
-                            return frame  # type: ignore[no-any-return]
+                        seen.append(orjson.loads(raw))
 
             await until("welcome", "type", "welcome")
             for call_id, tool, size in (

@@ -107,3 +107,26 @@ def test_purge_keeps_jobs_for_their_retention_and_drops_expired_sessions(
     assert sorted(s.session_id for s in store.all_sessions()) == ["live", "parked"]
     assert store.events_after("expired", 0) == []
     store.close()
+
+
+def test_purge_drops_old_jobs_when_no_session_expired(
+    tmp_path: Path,
+    store_backend: str,  # noqa: F811 (the fixture imported above)
+) -> None:
+    """SPEC D2: the job retention holds on its own; a purge with no expired session still
+    deletes jobs finished before the retention."""
+    store: Store
+    if store_backend == "sqlite":
+        store = SqliteStore(tmp_path / "db.sqlite")
+    else:
+        store = PgStore(store_backend)
+    day = 24 * 3600.0
+    now = 100 * day
+    for job in (_job("old", now - 8 * day), _job("recent", now - 6 * day)):
+        store.stage_job(job)
+    store.stage_session(_session("live", None))
+    store.commit()
+    store.purge(now, 7 * day)
+    assert [store.job(j) is not None for j in ("old", "recent")] == [False, True]
+    assert [s.session_id for s in store.all_sessions()] == ["live"]
+    store.close()

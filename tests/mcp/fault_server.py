@@ -100,6 +100,13 @@ async def steps(count: int, ctx: Context) -> str:
     return f"{count} steps"
 
 
+@server.tool()
+async def overflow(ctx: Context) -> str:
+    """Report progress whose fraction overflows a float (1e308 of 1e-308), then answer."""
+    await ctx.report_progress(1e308, 1e-308, "huge")
+    return "overflowed"
+
+
 @server.tool(annotations=types.ToolAnnotations(destructiveHint=True))
 def wipe(target: str) -> str:
     """A destructive tool: needs approval and an allow_dangerous opt-in."""

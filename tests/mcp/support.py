@@ -24,6 +24,7 @@ from tests.support import WAIT, settings_for
 
 ROOT = Path(__file__).resolve().parents[2]
 FAULT_SERVER = Path(__file__).resolve().parent / "fault_server.py"
+ELICIT_SERVER = Path(__file__).resolve().parent / "elicit_server.py"
 EVERYTHING = (
     ROOT
     / ".cache/mcp-everything/node_modules/@modelcontextprotocol/server-everything/dist/index.js"
@@ -48,6 +49,12 @@ def fault_mount(tmp: Path, **extra: Any) -> dict[str, Any]:
         "capability": "faults",
         **extra,
     }
+
+
+def asker_mount() -> dict[str, Any]:
+    """An ``mcp_servers`` entry for ``tests/mcp/elicit_server.py``: tool ``asker_ask``
+    (capability ``asker``) asks its user a form (SPEC M3)."""
+    return {"name": "asker", "command": sys.executable, "args": [str(ELICIT_SERVER)]}
 
 
 def mcp_settings(

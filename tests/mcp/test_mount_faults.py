@@ -159,6 +159,23 @@ async def test_progress_becomes_job_progress_for_an_async_override(tmp_path: Pat
     assert progress == [(1 / 3, "step 1"), (2 / 3, "step 2"), (1.0, "step 3")]
 
 
+async def test_progress_that_overflows_is_reported_without_a_fraction(tmp_path: Path) -> None:
+    """SPEC M3, I16: a server's progress whose fraction is not a finite number (1e308 of
+    1e-308) is still reported, as its message with no fraction, and the job ends well."""
+    mount = fault_mount(tmp_path, tools={"overflow": {"mode": "async"}})
+    settings = mcp_settings(tmp_path, [mount], jobs={"progress_interval": 0})
+    events: list[Any] = []
+    async with running(settings) as gw, client(gw, on_job_event=events.append) as bus:
+        await has_tools(bus, "f_overflow")
+        handle = await bus.invoke("f_overflow", {})
+        assert isinstance(handle, toolbus.JobHandle)
+        outcome = await handle.result(timeout=WAIT)
+    assert outcome.ok
+    assert outcome.summary == "overflowed"
+    progress = [(e.progress, e.message) for e in events if isinstance(e, m.JobProgress)]
+    assert progress == [(None, "huge")]
+
+
 async def test_call_cancel_reaches_the_mcp_server(tmp_path: Path) -> None:
     """SPEC M3, I8: ``call.cancel`` ends the call ``cancelled`` and the SDK's
     ``notifications/cancelled`` stops the server's handler (its marker file says so)."""

@@ -1,0 +1,193 @@
+"""How a job's state changes are recorded and told (SPEC J1, J5, I16, E2).
+
+:class:`JobEnd` is the one place a job's row is staged and its event emitted: the row
+first, then the event, and the outbox commits before it sends, so a job's state is
+durable before the client hears of it (SPEC J5). A job ends once, as ``done``,
+``failed`` or ``cancelled``; a ``job.done`` that could not be sent (not encodable, over
+``max_message_bytes``, nested too deep) is found before anything is staged and ends the
+job ``failed`` ``handler_error`` instead (SPEC I16, E2). Events go to the session that
+created the job, into its log, whether or not a socket is attached (SPEC D1).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from gateway.framesize import ENVELOPE, clip_text, too_deep
+from gateway.metrics import Metrics
+from gateway.session import Session
+from gateway.store import JobRow, Store
+from protocol import messages as m
+from protocol.codec import SERVER_MAX_DEPTH, encode, encode_json, json_problem, non_finite
+
+logger = logging.getLogger("gateway.jobs")
+
+
+@dataclass(slots=True, eq=False)
+class ActiveJob:
+    """A job this process runs now: its latest row, its session and its task."""
+
+    row: JobRow
+    session: Session
+    task: asyncio.Task[None] | None = None
+    last_progress: float = 0.0
+    interrupted: bool = False
+    idempotent: bool = False
+    in_thread: bool = False
+    """Its handler is plain and runs in a worker thread, which cannot be interrupted."""
+
+
+def _unsendable(
+    row: JobRow,
+    summary: str,
+    artifacts: list[Any],
+    result: dict[str, Any],
+    now: float,
+    max_frame: int | None = None,
+) -> str | None:
+    """What stops a job's ``job.done`` from being built and encoded, or ``None`` (I16);
+    a frame over ``max_frame`` bytes (the announced ``max_message_bytes``, SPEC E2) too.
+    A ``NaN`` or ``Infinity`` anywhere in the result or the artifacts is one (orjson
+    would send ``null``), named by its path."""
+    if non_finite(result) or non_finite(artifacts):
+        return json_problem(result) or json_problem(artifacts, "artifacts")
+    try:
+        frame = encode(
+            m.JobDone(
+                seq=1,
+                job_id=row.job_id,
+                tool=row.tool,
+                call_id=row.call_id,
+                summary=summary,
+                artifacts=artifacts,
+                result=result,
+                finished_at=now,
+            )
+        )
+    except (TypeError, ValueError) as exc:
+        found = json_problem(result) or json_problem(artifacts, "artifacts")
+        return found or " ".join(str(exc).split())[:300]
+    if max_frame is not None and len(frame) > max_frame:
+        return f"job.done would be {len(frame)} bytes; at most {max_frame} fit"
+    if too_deep(result, SERVER_MAX_DEPTH - 1) or too_deep(artifacts, SERVER_MAX_DEPTH - 1):
+        # SPEC I16: a client drops a frame nested past SERVER_MAX_DEPTH levels.
+        return f"result is nested deeper than {SERVER_MAX_DEPTH - 1} levels"
+    return None
+
+
+class JobEnd:
+    """Stages a job's rows and emits its events, in that order (SPEC J5).
+
+    Args:
+        store: where job rows are staged.
+        metrics: the jobs gauge by state and the finished counter.
+        clock: Unix time in seconds.
+        max_frame: largest ``job.done`` frame in bytes (``max_message_bytes``, SPEC E2);
+            a bigger one fails the job ``handler_error``. ``None``: no bound.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        metrics: Metrics,
+        clock: Callable[[], float],
+        max_frame: int | None = None,
+    ) -> None:
+        self._store = store
+        self._metrics = metrics
+        self._clock = clock
+        self._max_frame = max_frame
+
+    def save(self, job: ActiveJob, row: JobRow) -> None:
+        old = job.row.state
+        job.row = row
+        self._store.stage_job(row)
+        if old != row.state:
+            self._metrics.jobs.labels(old).dec()
+        self._metrics.jobs.labels(row.state).inc()
+
+    def done(self, job: ActiveJob, result: dict[str, Any]) -> None:
+        summary = result.pop("summary", None)
+        artifacts = result.pop("artifacts", [])
+        if not isinstance(summary, str):
+            summary = f"{job.row.tool} finished"
+        if not isinstance(artifacts, list) or not all(isinstance(a, dict) for a in artifacts):
+            artifacts = []
+        now = self._clock()
+        problem = _unsendable(job.row, summary, artifacts, result, now, self._max_frame)
+        if problem is not None:
+            # SPEC I16: found before anything is staged, so the value never reaches the
+            # store and cannot fail a commit that other sessions' events share (D6).
+            logger.info("job %s returned a value that cannot be sent: %s", job.row.job_id, problem)
+            message = f"the handler's value cannot be sent: {problem}"
+            self.failed(job, {"code": "handler_error", "message": message})
+            return
+        row = replace(
+            job.row,
+            state=m.JobState.DONE,
+            finished_at=now,
+            summary=summary,
+            artifacts=artifacts,
+            result=result,
+        )
+        self._end(job, row)
+        self.emit(
+            job,
+            m.JobDone(
+                job_id=row.job_id,
+                tool=row.tool,
+                call_id=row.call_id,
+                summary=summary,
+                artifacts=artifacts,
+                result=result,
+                finished_at=now,
+            ),
+        )
+
+    def failed(self, job: ActiveJob, error: dict[str, Any]) -> None:
+        if self._max_frame is not None:
+            # SPEC E2: the text appears twice (summary and error.message); each gets
+            # half of what the frame leaves besides the ids.
+            ids = len(encode_json([job.row.job_id, job.row.tool, job.row.call_id]))
+            half = (self._max_frame - ENVELOPE - ids) // 2 - len(job.row.tool) - 16
+            error = {**error, "message": clip_text(str(error["message"]), half)}
+        now = self._clock()
+        summary = f"{job.row.tool} failed: {error['message']}"
+        row = replace(
+            job.row, state=m.JobState.FAILED, finished_at=now, summary=summary, error=error
+        )
+        self._end(job, row)
+        failed = m.JobFailed(
+            job_id=row.job_id,
+            tool=row.tool,
+            call_id=row.call_id,
+            summary=summary,
+            error=m.JobError(**error),
+            finished_at=now,
+        )
+        self.emit(job, failed)
+
+    def cancelled(self, job: ActiveJob) -> None:
+        now = self._clock()
+        summary = f"{job.row.tool} was cancelled"
+        self._end(
+            job, replace(job.row, state=m.JobState.CANCELLED, finished_at=now, summary=summary)
+        )
+        row = job.row
+        cancelled = m.JobCancelled(
+            job_id=row.job_id, tool=row.tool, call_id=row.call_id, summary=summary, finished_at=now
+        )
+        self.emit(job, cancelled)
+
+    def _end(self, job: ActiveJob, row: JobRow) -> None:
+        self.save(job, row)
+        self._metrics.jobs.labels(row.state).dec()
+        self._metrics.jobs_finished.labels(row.state).inc()
+
+    def emit(self, job: ActiveJob, event: m.DurableEvent) -> None:
+        if not job.session.ended:
+            job.session.emit(event)

@@ -1,0 +1,73 @@
+"""Who may use ``/mcp``: the HTTP checks made before the MCP SDK sees a request (SPEC S2, M4).
+
+:class:`HttpAdmission` answers a refused request with a plain-text HTTP error and puts
+the principal of an admitted one in the ASGI scope (``scope["state"]["toolbus"]``:
+identity, profile name, credential).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from urllib.parse import parse_qs
+
+from starlette.responses import PlainTextResponse
+from starlette.types import Scope
+
+from gateway.auth import Authenticator, AuthError, bearer
+
+PROFILE_HEADER = "x-toolbus-profile"
+
+
+class HttpAdmission:
+    """The ``/mcp`` request checks (SPEC S2, M4).
+
+    Args:
+        authenticator: checks ``Authorization: Bearer`` (SPEC S2), as ``hello`` does.
+        credentials_in: ``(path, query) -> bool``: the URL names a credential (SPEC S2).
+        origin_allowed: ``origin -> bool`` for requests that carry ``Origin``.
+    """
+
+    def __init__(
+        self,
+        authenticator: Authenticator,
+        credentials_in: Callable[[str, str], bool],
+        origin_allowed: Callable[[str], bool],
+    ) -> None:
+        self.authenticator = authenticator
+        self.credentials_in = credentials_in
+        self.origin_allowed = origin_allowed
+
+    def refusal(self, scope: Scope) -> PlainTextResponse | None:
+        """The HTTP refusal of this request, or ``None`` once its principal is in
+        ``scope["state"]["toolbus"]``: 404 off ``/mcp``, 400 for a credential in the URL,
+        403 for a refused ``Origin`` or a profile not granted (the ``X-Toolbus-Profile``
+        header or ``profile`` query parameter; default: the only granted one), 401 (with
+        ``WWW-Authenticate: Bearer``) for a missing or refused credential."""
+        path, query = scope["path"], scope.get("query_string", b"").decode("latin-1")
+        if path.rstrip("/") != "/mcp":
+            return PlainTextResponse("not found\n", 404)
+        if self.credentials_in(path, query):
+            return PlainTextResponse(
+                "credentials are not accepted in the URL; send Authorization: Bearer\n", 400
+            )
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        origin = headers.get("origin")
+        if origin is not None and not self.origin_allowed(origin):
+            return PlainTextResponse("origin not allowed\n", 403)
+        credential = bearer(headers.get("authorization"))
+        try:
+            identity = self.authenticator.authenticate(credential)
+        except AuthError:
+            return PlainTextResponse(
+                "authentication failed\n", 401, headers={"WWW-Authenticate": "Bearer"}
+            )
+        asked: str | None = headers.get(PROFILE_HEADER) or next(
+            iter(parse_qs(query).get("profile", [])), None
+        )
+        if asked is None and len(identity.profiles) == 1:
+            asked = next(iter(identity.profiles))
+        if asked is None or asked not in identity.profiles:
+            granted = ", ".join(sorted(identity.profiles)) or "none"
+            return PlainTextResponse(f"profile not granted; granted: {granted}\n", 403)
+        scope.setdefault("state", {})["toolbus"] = (identity, asked, credential or "")
+        return None

@@ -1,0 +1,184 @@
+"""What a restart finds in the store, settled before serving (SPEC D3, I12, I15, J5, J6).
+
+:meth:`Recovery.run` is called once by :meth:`gateway.server.Gateway.start`, before the
+port is bound: stored sessions come back parked (expired ones are deleted), calls a
+restart cut off end ``cancelled`` (a pending approval they waited on is resolved
+``disconnected`` first, SPEC A4, A6), the call ledger's running rows end, and the job
+runner settles unfinished jobs, re-running those it may (SPEC J5), each gated again at
+its handler's start (SPEC A7). The jobs of mounted MCP tools not listed yet are held and
+settled by :meth:`Recovery.settle_mounted` once their servers answered (SPEC J5, M2).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import replace
+
+from catalog.model import ToolDef
+from gateway.authority import Authority
+from gateway.catalog_state import CatalogState
+from gateway.context import ToolContext
+from gateway.job_recovery import JobRecovery
+from gateway.jobs import PostProcess
+from gateway.mcp.mounts import McpMounts
+from gateway.outbox import Outbox
+from gateway.pipeline import Pipeline
+from gateway.session import Session, SessionTable, TokenBucket
+from gateway.store import JobRow, LedgerRow, Store
+from protocol import messages as m
+from protocol.codec import decode_json
+from protocol.errors import ErrorCode
+
+logger = logging.getLogger("gateway.server")
+
+
+class Recovery:
+    """Brings a store's sessions, calls and jobs back after a restart (SPEC D3, J5).
+
+    Args:
+        store: the store opened at start.
+        catalog: profiles of the adopted sessions, and their catalog views.
+        sessions: the session table the stored sessions join, parked.
+        bucket: a new session's invoke token bucket (SPEC E2).
+        pipeline: the call ledger and the plan of a stored job.
+        jobs: settles unfinished jobs (SPEC J5, J6).
+        authority: gates a re-run job at its handler's start (SPEC A7).
+        outbox: commits what recovery staged (SPEC D6: holds and retries if it cannot).
+        mounts: the mounted MCP servers that may bring a stored job's tool (SPEC M2).
+        clock: Unix time in seconds.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        catalog: CatalogState,
+        sessions: SessionTable,
+        bucket: Callable[[], TokenBucket],
+        pipeline: Pipeline,
+        jobs: JobRecovery,
+        authority: Authority,
+        outbox: Outbox,
+        mounts: McpMounts,
+        clock: Callable[[], float],
+    ) -> None:
+        self._store = store
+        self._catalog = catalog
+        self._sessions = sessions
+        self._bucket = bucket
+        self._pipeline = pipeline
+        self._jobs = jobs
+        self._authority = authority
+        self._outbox = outbox
+        self._mounts = mounts
+        self._clock = clock
+
+    def run(self) -> list[JobRow]:
+        """Bring stored sessions back after a restart, parked (SPEC D3, J5).
+
+        Returns:
+            The unfinished jobs of mounted MCP tools not listed yet, held until their
+            servers answered (:meth:`settle_mounted`).
+        """
+        now = self._clock()
+        sessions = self._sessions
+        for row in self._store.all_sessions():
+            if row.expires_at is not None and row.expires_at < now:
+                self._store.delete_session(row.session_id)
+                continue
+            profile = self._catalog.current.profile(row.profile)
+            session = sessions.adopt(row, profile, self._bucket(), now)
+            session.catalog_names = self._catalog.view(session)[2]
+        for session_id, call_id, note in self._store.running_calls():
+            note_dict = decode_json(note) if note else {}
+            self._interrupt_call(session_id, call_id, note_dict, sessions.get(session_id))
+        # SPEC I15: a call id cut off here never runs again, from any session.
+        self._pipeline.ledger.recover()
+        count, held = self._jobs.settle(
+            sessions.sessions,
+            lambda row: self._rerun_plan(row, sessions.get(row.session_id)),
+            lambda row: bool(self._mounts.owners(row.tool)),
+        )
+        self._outbox.flush()  # SPEC D6: a store that cannot commit yet holds and retries
+        if sessions.sessions or count:
+            logger.info("recovered %d sessions, %d interrupted jobs", len(sessions.sessions), count)
+        return held
+
+    def settle_node(
+        self,
+        calls: list[tuple[str, str, bytes | None]],
+        ledger: list[LedgerRow],
+        jobs: list[JobRow],
+        elsewhere: dict[str, Session],
+    ) -> int:
+        """A dead node's work, settled by the node that claimed it (SPEC N4) with the
+        same steps as a restart: its running ``calls`` end ``cancelled`` (a pending
+        approval resolved ``disconnected`` first), its ``ledger`` rows end, its ``jobs``
+        re-run when they may (SPEC J5) or end ``failed``. Call after the dead node's
+        sessions were taken over; ``elsewhere`` holds the other sessions its work names,
+        held by live nodes (:meth:`SessionTable.detached`: their events are forwarded).
+        Returns the jobs found."""
+        sessions = {**elsewhere, **self._sessions.sessions}
+        for session_id, call_id, note in calls:
+            note_dict = decode_json(note) if note else {}
+            self._interrupt_call(session_id, call_id, note_dict, sessions.get(session_id))
+        self._pipeline.ledger.recover(ledger)
+        count, _ = self._jobs.settle(
+            sessions, lambda row: self._rerun_plan(row, sessions.get(row.session_id)), rows=jobs
+        )
+        self._outbox.flush()  # SPEC D6: a store that cannot commit yet holds and retries
+        return count
+
+    async def settle_mounted(self, held: list[JobRow]) -> None:
+        """SPEC J5, M2: the jobs of mounted tools a restart cut off are settled once the
+        servers that may bring their tools made their first connection attempt (at most
+        their ``connect_timeout``): re-run when the tool is there and idempotent (or the
+        job never started), else ``failed`` as :meth:`JobRecovery.settle` says."""
+        mounts = self._mounts
+        await mounts.settled(name for row in held for name in mounts.owners(row.tool))
+        table = self._sessions
+        self._jobs.settle(
+            table.sessions, lambda row: self._rerun_plan(row, table.get(row.session_id)), rows=held
+        )
+
+    def _interrupt_call(
+        self, session_id: str, call_id: str, note: dict[str, str], session: Session | None
+    ) -> None:
+        """A call a restart cut off ends ``cancelled`` (SPEC I12: one terminal reply); a
+        pending approval it waited on is resolved ``disconnected`` first (SPEC A4, A6).
+        ``session``: the call's session here, if any."""
+        if session is None:
+            return
+        tool = note.get("tool", "")
+        approval_id = note.get("approval_id")
+        if approval_id:
+            session.emit(
+                m.ToolResolved(
+                    call_id=call_id,
+                    approval_id=approval_id,
+                    tool=tool,
+                    resolution=m.Resolution.DENIED,
+                    reason=m.ResolutionReason.DISCONNECTED,
+                )
+            )
+        body = session.emit(
+            m.CallError(
+                call_id=call_id,
+                tool=tool,
+                code=ErrorCode.CANCELLED,
+                message="the server restarted while this call ran",
+            )
+        )
+        session.call_done(call_id, body)
+
+    def _rerun_plan(
+        self, row: JobRow, session: Session | None
+    ) -> tuple[ToolDef, ToolContext, PostProcess] | None:
+        """The pipeline's plan for a stored job (SPEC J5), gated like any other handler
+        start (SPEC A7): its ``session``'s profile and context are re-checked when the
+        job gets its slot after the restart."""
+        plan = self._pipeline.execution.rerun_plan(row)
+        if plan is None or session is None:
+            return plan
+        tool, ctx, post = plan
+        return tool, replace(ctx, recheck=self._authority.gate(session, tool.name)), post

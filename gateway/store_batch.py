@@ -1,0 +1,113 @@
+"""The writes a :class:`~gateway.store.SqliteStore` stages until its next commit (SPEC D1,
+D2, D6).
+
+Every value in a :class:`SqliteBatch` was encoded and checked when it was staged, so
+:meth:`SqliteBatch.write` only binds bytes and numbers known to bind. It runs inside the
+store's transaction; if that fails, the store rolls back and keeps the batch for the
+next attempt, whole and in order. Deletions (ended sessions, the purge) run last.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.store_rows import LedgerRow, ledger_values
+
+
+@dataclass(slots=True)
+class SqliteBatch:
+    """Staged writes, by table; written together by :meth:`write`."""
+
+    events: list[tuple[str, int, bytes]] = field(default_factory=list)
+    """``(session_id, seq, body)`` in the order they were emitted."""
+    sessions: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+    """Session rows as the values to write, encoded and checked (SPEC D6)."""
+    seqs: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    """``session_id -> (last_seq, acked_seq, floor_seq)``."""
+    calls: dict[tuple[str, str], tuple[str, str, str, bytes | None]] = field(default_factory=dict)
+    """Keyed: a call that starts and ends within one tick is written once."""
+    forget: list[tuple[str, str]] = field(default_factory=list)
+    jobs: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+    ledger: dict[tuple[str, str, str], LedgerRow] = field(default_factory=dict)
+    ledger_before: float | None = None
+    deletes: list[str] = field(default_factory=list)
+    purge_before: float | None = None
+
+    @property
+    def dirty(self) -> bool:
+        """Whether anything is staged."""
+        return bool(
+            self.events
+            or self.sessions
+            or self.seqs
+            or self.calls
+            or self.jobs
+            or self.forget
+            or self.ledger
+            or self.ledger_before is not None
+            or self.deletes
+            or self.purge_before is not None
+        )
+
+    def write(self, db: sqlite3.Connection) -> None:
+        """Execute every staged write on ``db``, inside the caller's transaction.
+
+        Raises:
+            sqlite3.Error: a statement failed; the caller rolls back (SPEC D6).
+        """
+        if self.sessions:
+            db.executemany(
+                "INSERT OR REPLACE INTO sessions VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                self.sessions.values(),
+            )
+        if self.events:
+            db.executemany(
+                "INSERT OR REPLACE INTO events (session_id, seq, body) VALUES (?,?,?)",
+                self.events,
+            )
+        if self.calls:
+            db.executemany(
+                "INSERT OR REPLACE INTO calls (session_id, call_id, state, body) VALUES (?,?,?,?)",
+                self.calls.values(),
+            )
+        if self.forget:
+            db.executemany("DELETE FROM calls WHERE session_id=? AND call_id=?", self.forget)
+        if self.seqs:
+            self._write_seqs(db)
+        if self.jobs:
+            db.executemany(
+                "INSERT OR REPLACE INTO jobs VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                self.jobs.values(),
+            )
+        if self.ledger:
+            db.executemany(
+                "INSERT OR REPLACE INTO call_ledger VALUES (?,?,?,?,?,?,?,?)",
+                [ledger_values(row) for row in self.ledger.values()],
+            )
+        if self.ledger_before is not None:
+            db.execute("DELETE FROM call_ledger WHERE created_at<?", (self.ledger_before,))
+        if self.deletes or self.purge_before is not None:
+            self._write_deletes(db)
+
+    def _write_deletes(self, db: sqlite3.Connection) -> None:
+        """Sessions ended and jobs past retention, last in the batch (SPEC D2)."""
+        rows = [(sid,) for sid in self.deletes]
+        for table in ("sessions", "events", "calls"):
+            db.executemany(f"DELETE FROM {table} WHERE session_id=?", rows)
+        if self.purge_before is not None:
+            db.execute(
+                "DELETE FROM jobs WHERE finished_at IS NOT NULL AND finished_at<?",
+                (self.purge_before,),
+            )
+
+    def _write_seqs(self, db: sqlite3.Connection) -> None:
+        rows = [(last, acked, floor, sid) for sid, (last, acked, floor) in self.seqs.items()]
+        db.executemany(
+            "UPDATE sessions SET last_seq=?, acked_seq=?, floor_seq=? WHERE session_id=?", rows
+        )
+        db.executemany(
+            "DELETE FROM events WHERE session_id=? AND seq<=?",
+            [(sid, floor) for sid, (_, _, floor) in self.seqs.items()],
+        )

@@ -1,0 +1,189 @@
+"""The writes a :class:`~gateway.store_pg.PgStore` stages until its next commit, and the
+SQL that writes them (SPEC D1, D6, N2, N4).
+
+The PostgreSQL twin of :class:`~gateway.store_batch.SqliteBatch`: every value in a
+:class:`PgBatch` was encoded and checked when it was staged, so :meth:`PgBatch.write`
+only binds values known to bind. It runs inside the store's transaction (one pipeline);
+if that fails, the store keeps the batch for the next attempt, whole and in order.
+Deletions (ended sessions, the purge) run last.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+
+from gateway.store_rows import LedgerRow
+
+SESSION_COLS = (
+    'session_id, token_hash, "user", tenant, profile, context, options, grants, last_seq, '
+    "acked_seq, floor_seq, created_at, expires_at, catalog_version, credential_ref"
+)
+JOB_COLS = (
+    'job_id, tool, state, session_id, "user", tenant, profile, call_id, params, context, '
+    "created_at, started_at, finished_at, summary, artifacts, result, error"
+)
+LEDGER_COLS = 'tenant, "user", call_id, tool, params_hash, state, outcome, created_at'
+
+
+def _upsert(table: str, cols: str, key: str) -> str:
+    names = [c.strip() for c in cols.split(",")]
+    marks = ",".join(["%s"] * len(names))
+    keys = {k.strip() for k in key.split(",")}
+    sets = ",".join(f"{n}=EXCLUDED.{n}" for n in names if n not in keys)
+    return f"INSERT INTO {table} ({cols}) VALUES ({marks}) ON CONFLICT ({key}) DO UPDATE SET {sets}"
+
+
+# SPEC N2: a new row gets its owner and token; an update never changes them (a take-over
+# does, in Fence.take_over).
+_INSERT_SESSION = _upsert("sessions", SESSION_COLS, "session_id").replace(
+    ") VALUES (", ", owner_node, owner_epoch) VALUES (%s,%s,", 1
+)
+# SPEC N4: each job and ledger row names the node that runs it, and only that node may
+# change it, unless that node is gone (its ``nodes`` row deleted by the node that claimed
+# its work): a node declared dead that still runs cannot overwrite what the claimer wrote.
+_NODE_GUARD = (
+    " WHERE {t}.node_id IS NULL OR {t}.node_id = EXCLUDED.node_id"
+    " OR NOT EXISTS (SELECT 1 FROM nodes n WHERE n.node_id = {t}.node_id)"
+)
+_INSERT_JOB = _upsert("jobs", JOB_COLS + ", node_id", "job_id") + _NODE_GUARD.format(t="jobs")
+_INSERT_LEDGER = _upsert(
+    "call_ledger", LEDGER_COLS + ", node_id", 'tenant, "user", call_id'
+) + _NODE_GUARD.format(t="call_ledger")
+_INSERT_EVENT = (
+    "INSERT INTO events (session_id, seq, body) VALUES (%s,%s,%s) "
+    "ON CONFLICT (session_id, seq) DO UPDATE SET body=EXCLUDED.body"
+)
+# id=DEFAULT: a rewritten call moves to the end, as SQLite's INSERT OR REPLACE does, so
+# done_call_ids keeps the order in which calls ended (SPEC I12).
+_INSERT_CALL = (
+    "INSERT INTO calls (session_id, call_id, state, body, node_id) VALUES (%s,%s,%s,%s,%s) "
+    "ON CONFLICT (session_id, call_id) DO UPDATE SET state=EXCLUDED.state, "
+    "body=EXCLUDED.body, node_id=EXCLUDED.node_id, id=DEFAULT"
+)
+
+
+def cid(call_id: str) -> bytes:
+    """A call id as the ``BYTEA`` it is stored as."""
+    # surrogatepass: any str the codec produced round-trips, whatever it holds.
+    return call_id.encode("utf-8", "surrogatepass")
+
+
+def _ledger_values(row: LedgerRow) -> tuple[Any, ...]:
+    return (
+        row.tenant,
+        row.user,
+        cid(row.call_id),
+        row.tool,
+        row.params_hash,
+        row.state,
+        row.outcome,
+        row.created_at,
+    )
+
+
+@dataclass(slots=True)
+class PgBatch:
+    """Staged writes, by table; written together by :meth:`write`."""
+
+    events: list[tuple[str, int, bytes]] = field(default_factory=list)
+    """``(session_id, seq, body)`` in the order they were emitted."""
+    sessions: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+    """Session rows as the values to write (owner node and token last, SPEC N2)."""
+    seqs: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    """``session_id -> (last_seq, acked_seq, floor_seq)``."""
+    calls: dict[tuple[str, str], tuple[str, bytes, str, bytes | None, str | None]] = field(
+        default_factory=dict
+    )
+    """Keyed: a call that starts and ends within one tick is written once."""
+    forget: list[tuple[str, bytes]] = field(default_factory=list)
+    jobs: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+    ledger: dict[tuple[str, str, str], LedgerRow] = field(default_factory=dict)
+    deletes: list[str] = field(default_factory=list)
+    """Sessions ended here (fenced like every write of a session, SPEC N2)."""
+    purged: list[str] = field(default_factory=list)
+    """Sessions expired wherever they were held: the purge is not fenced (SPEC D2, N2)."""
+    purge_before: float | None = None
+
+    @property
+    def dirty(self) -> bool:
+        """Whether anything is staged."""
+        return bool(
+            self.events
+            or self.sessions
+            or self.seqs
+            or self.calls
+            or self.jobs
+            or self.forget
+            or self.ledger
+            or self.deletes
+            or self.purged
+            or self.purge_before is not None
+        )
+
+    def touched(self) -> set[str]:
+        """Sessions whose rows, events or calls this batch writes (SPEC N2)."""
+        touched = {sid for sid, _, _ in self.events} | set(self.sessions) | set(self.seqs)
+        touched.update(sid for sid, _ in self.calls)
+        touched.update(sid for sid, _ in self.forget)
+        touched.update(self.deletes)
+        return touched
+
+    def write(
+        self, cur: psycopg.Cursor[tuple[Any, ...]], fenced: set[str], node: str | None
+    ) -> None:
+        """The statements of one commit, in the SQLite store's order, without those of
+        the ``fenced`` sessions (SPEC N2); ledger rows name ``node`` (SPEC N4).
+
+        Raises:
+            psycopg.Error: a statement failed; the caller rolls back (SPEC D6).
+        """
+        sessions = [v for sid, v in self.sessions.items() if sid not in fenced]
+        if sessions:
+            cur.executemany(_INSERT_SESSION, sessions)
+        events = [e for e in self.events if e[0] not in fenced]
+        if events:
+            cur.executemany(_INSERT_EVENT, events)
+        calls = [v for (sid, _), v in self.calls.items() if sid not in fenced]
+        if calls:
+            cur.executemany(_INSERT_CALL, calls)
+        forget = [f for f in self.forget if f[0] not in fenced]
+        if forget:
+            cur.executemany("DELETE FROM calls WHERE session_id=%s AND call_id=%s", forget)
+        kept = {sid: v for sid, v in self.seqs.items() if sid not in fenced}
+        if kept:
+            seqs = [(la, ac, fl, sid) for sid, (la, ac, fl) in kept.items()]
+            cur.executemany(
+                "UPDATE sessions SET last_seq=%s, acked_seq=%s, floor_seq=%s WHERE session_id=%s",
+                seqs,
+            )
+            cur.executemany(
+                "DELETE FROM events WHERE session_id=%s AND seq<=%s",
+                [(sid, fl) for sid, (_, _, fl) in kept.items()],
+            )
+        if self.jobs:
+            cur.executemany(_INSERT_JOB, list(self.jobs.values()))
+        if self.ledger:
+            rows = [(*_ledger_values(r), node) for r in self.ledger.values()]
+            cur.executemany(_INSERT_LEDGER, rows)
+        self._write_deletes(cur, fenced)
+
+    def _write_deletes(self, cur: psycopg.Cursor[tuple[Any, ...]], fenced: set[str]) -> None:
+        """Sessions ended and jobs past retention, last in the batch (SPEC D2)."""
+        deletes = [sid for sid in self.deletes if sid not in fenced] + self.purged
+        if deletes:
+            rows = [(sid,) for sid in deletes]
+            for table in ("sessions", "events", "calls"):
+                cur.executemany(f"DELETE FROM {table} WHERE session_id=%s", rows)
+        if self.purge_before is not None:
+            cur.execute(
+                "DELETE FROM jobs WHERE finished_at IS NOT NULL AND finished_at<%s",
+                (self.purge_before,),
+            )
+            # SPEC N3: inbox rows of sessions that ended before their owner read them.
+            cur.execute(
+                "DELETE FROM inbox i WHERE NOT EXISTS "
+                "(SELECT 1 FROM sessions s WHERE s.session_id = i.session_id)"
+            )

@@ -1,0 +1,298 @@
+"""The gateway's one seam to the ``websockets`` library (issue 9, STYLE "One seam per library").
+
+Every use of websockets in ``gateway/`` is in this module. The rest of the gateway sees
+:class:`Socket` (what a connection handler, a hello and an outbox link may do with a
+socket), the handshake hook types and :func:`serve`; an import-linter contract
+(``gateway-one-ws-seam`` in ``pyproject.toml``) refuses a ``websockets`` import in any
+other gateway module.
+
+What is used, and how public it is:
+
+- Public API: :func:`websockets.asyncio.server.serve` with ``process_request`` and
+  ``create_connection``; ``ServerConnection.recv``, ``send``, ``close``, ``respond``,
+  ``request``; :class:`~websockets.http11.Request` (its ``method`` is new in 17.0),
+  :class:`~websockets.http11.Response`, :class:`~websockets.datastructures.Headers`;
+  :exc:`~websockets.exceptions.ConnectionClosed`.
+- Below the public API, for coalesced writes and the close metric (:class:`WsConnection`):
+  the sans-I/O ``protocol`` attribute (``state`` against :class:`State` ``OPEN``,
+  ``send_text``, ``data_to_send``, ``close_sent``, ``close_rcvd_then_sent``), the asyncio
+  ``transport``, the ``send_data`` override point and the ``send_context`` context
+  manager. websockets documents these in its source, not as API.
+- A calling convention: ``serve`` builds each connection as
+  ``create_connection(protocol, server, **options)``, hands the result to the event loop
+  as the asyncio protocol, and the connection's ``connection_made`` starts the handler.
+  :class:`gateway.mcp.route.Sniffer` relies on it to put itself in front. And websockets
+  asks its logger ``isEnabledFor(DEBUG)`` before it formats a DEBUG line (headers and
+  payloads), which :class:`_QuietLogger` answers false (SPEC S2).
+
+``tests/gateway/test_wslib_seam.py`` checks each of these and fails naming the one that
+changed. ``pyproject.toml`` pins the websockets versions that test passed on; to widen the
+range, install the new version and run that test first (ARCHITECTURE.md, "One seam for
+the WebSocket library").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import http
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Any, Protocol, cast
+
+from websockets.asyncio.server import Server, ServerConnection
+from websockets.asyncio.server import serve as _serve
+from websockets.datastructures import Headers
+from websockets.exceptions import ConnectionClosed
+from websockets.http11 import Request, Response
+from websockets.protocol import State
+from websockets.typing import Subprotocol
+
+__all__ = [
+    "ConnectionClosed",
+    "Request",
+    "Response",
+    "Server",
+    "Socket",
+    "WsConnection",
+    "header_values",
+    "plain_response",
+    "response",
+    "serve",
+    "without_body",
+]
+
+
+class Socket(Protocol):
+    """What the gateway does with one accepted WebSocket, and nothing more.
+
+    :class:`WsConnection` is the implementation; connection handlers, hellos and outbox
+    links are typed against this, so a new use of the library shows up here first.
+    """
+
+    async def recv(self, decode: bool | None = None) -> str | bytes:
+        """The next message: ``str`` for a text frame, ``bytes`` for a binary one.
+
+        Raises:
+            ConnectionClosed: the connection closed (either side, any code).
+        """
+        ...
+
+    async def close(self, code: int = 1000, reason: str = "") -> None:
+        """Send a close frame with ``code`` and ``reason`` and wait for the close."""
+        ...
+
+    def header(self, name: str) -> str | None:
+        """A header of the upgrade request, ``None`` when absent."""
+        ...
+
+    def write_now(self, frames: Sequence[bytes]) -> bool:
+        """Write encoded text frames at once, in one write, if the socket is idle."""
+        ...
+
+    async def send_texts(self, frames: Sequence[bytes]) -> None:
+        """Send encoded text frames in one write, with flow control."""
+        ...
+
+    def buffered(self) -> int:
+        """Bytes written to the transport and not yet taken by the kernel."""
+        ...
+
+    def sent_close_code(self) -> int | None:
+        """The code of the close frame this server started, ``None`` if none."""
+        ...
+
+
+class WsConnection(ServerConnection):
+    """websockets' server connection, writing the frames of one flush at once.
+
+    websockets writes each outgoing frame with its own ``transport.write``; when a link
+    sends several frames together (``tool_start`` and ``result`` of a quick call, a
+    replay page), that would be one ``send`` syscall and one wake-up of the peer per
+    frame. :meth:`send_data` joins them into one write. Behaviour is otherwise
+    websockets' own, including the half-close on an empty chunk (RFC 6455 section 7.1.1).
+    """
+
+    def send_data(self) -> None:
+        """Write what the sans-I/O protocol has to send, coalesced (overrides websockets)."""
+        pending: list[bytes] = []
+        for data in self.protocol.data_to_send():
+            if data:
+                pending.append(data)
+                continue
+            # An empty chunk asks for end of stream after what came before it.
+            self._write(pending)
+            pending = []
+            if self.transport.can_write_eof():
+                # websockets does the same: a half-close is best effort.
+                with contextlib.suppress(Exception):
+                    self.transport.write_eof()
+            else:
+                self.transport.close()
+        self._write(pending)
+
+    def _write(self, chunks: list[bytes]) -> None:
+        if len(chunks) == 1:
+            self.transport.write(chunks[0])
+        elif chunks:
+            self.transport.write(b"".join(chunks))
+
+    def header(self, name: str) -> str | None:
+        request = self.request
+        return request.headers.get(name) if request is not None else None
+
+    def write_now(self, frames: Sequence[bytes]) -> bool:
+        """Write ``frames`` (encoded text frames) now, in one write, without flow control.
+
+        Only when the connection is open, its transport not closing and its write buffer
+        empty, so nothing written earlier is waiting: the common quick reply then costs
+        no turn of the event loop (SPEC D5 still holds, the buffer was empty).
+
+        Returns:
+            ``True`` if written; ``False`` if not idle (nothing was written).
+        """
+        transport = self.transport
+        if self.protocol.state is not State.OPEN or transport.is_closing():
+            return False
+        if transport.get_write_buffer_size():
+            return False
+        protocol = self.protocol
+        for data in frames:
+            protocol.send_text(data)
+        self.send_data()
+        return True
+
+    async def send_texts(self, frames: Sequence[bytes]) -> None:
+        """Send ``frames`` (encoded text frames, not decoded again) in one write, then wait
+        for the write buffer to drain below its limit.
+
+        Raises:
+            ConnectionClosed: the connection is closed or closing.
+        """
+        if len(frames) == 1:
+            await self.send(frames[0], text=True)
+            return
+        async with self.send_context():
+            protocol = self.protocol
+            for data in frames:
+                protocol.send_text(data)
+
+    def buffered(self) -> int:
+        transport = self.transport
+        return transport.get_write_buffer_size() if transport is not None else 0
+
+    def sent_close_code(self) -> int | None:
+        """Closes the client started (we only echoed its frame) count as ``None``."""
+        protocol = self.protocol
+        sent = protocol.close_sent
+        if sent is None or protocol.close_rcvd_then_sent:
+            return None
+        return int(sent.code)
+
+
+class _QuietLogger(logging.LoggerAdapter[logging.Logger]):
+    """websockets' server logger without its DEBUG lines (SPEC S2).
+
+    websockets logs every request header and frame payload at DEBUG, which would put
+    ``Authorization`` headers and ``hello.token`` in the log. It only formats those
+    lines when ``isEnabledFor(DEBUG)`` is true, so answering false drops them at the
+    source; INFO and above pass through unchanged.
+    """
+
+    def isEnabledFor(self, level: int) -> bool:
+        return level > logging.DEBUG and self.logger.isEnabledFor(level)
+
+
+ProcessRequest = Callable[[WsConnection, Request], Response | None]
+"""A ``process_request`` hook: a :class:`Response` refuses the upgrade (or answers a plain
+HTTP request); ``None`` lets the WebSocket handshake go on."""
+
+
+async def serve(
+    handler: Callable[[Socket], Awaitable[None]],
+    host: str,
+    port: int,
+    *,
+    subprotocols: Iterable[str],
+    process_request: ProcessRequest,
+    max_size: int,
+    ping_interval: float | None,
+    ping_timeout: float | None,
+    close_timeout: float,
+    front: Callable[[Callable[[], asyncio.Protocol]], asyncio.Protocol] | None = None,
+    reuse_port: bool = False,
+) -> Server:
+    """Bind ``host:port`` and serve WebSockets with :class:`WsConnection` (SPEC S1).
+
+    Args:
+        handler: runs once per accepted, upgraded socket.
+        host: the address to bind.
+        port: the port to bind; ``0`` picks a free one (``Server.sockets`` says which).
+        subprotocols: the subprotocols offered, preferred first.
+        process_request: vets each request before the upgrade.
+        max_size: largest message accepted, in bytes (larger closes 1009).
+        ping_interval: seconds between pings; ``None``: no pings.
+        ping_timeout: seconds a pong may take; ``None``: no limit.
+        close_timeout: seconds the closing handshake may take.
+        front: given a factory of this socket's websockets connection, returns the
+            asyncio protocol that gets the socket first (the ``/mcp`` sniffer, SPEC M4).
+        reuse_port: bind with ``SO_REUSEPORT``: processes sharing the port each get a
+            share of the connections (``serve --workers``, SPEC N6).
+
+    Returns:
+        The running server; ``close()`` then ``wait_closed()`` stops it.
+
+    Raises:
+        OSError: the address cannot be bound.
+    """
+
+    def accepted(*args: Any, **kwargs: Any) -> ServerConnection:
+        if front is None:
+            return WsConnection(*args, **kwargs)
+        # The object returned goes to the event loop as the socket's protocol; only the
+        # WsConnection it hands the socket to is ever passed to the handler.
+        return cast(ServerConnection, front(lambda: WsConnection(*args, **kwargs)))
+
+    # serve builds every connection through ``accepted``, so each one is a WsConnection.
+    async def handle(connection: ServerConnection) -> None:
+        await handler(cast(WsConnection, connection))
+
+    def vet(connection: ServerConnection, request: Request) -> Response | None:
+        return process_request(cast(WsConnection, connection), request)
+
+    return await _serve(
+        handle,
+        host,
+        port,
+        subprotocols=[Subprotocol(name) for name in subprotocols],
+        process_request=vet,
+        max_size=max_size,
+        ping_interval=ping_interval,
+        ping_timeout=ping_timeout,
+        close_timeout=close_timeout,
+        compression=None,
+        server_header="toolbus",
+        create_connection=cast(Any, accepted),
+        logger=_QuietLogger(logging.getLogger("websockets.server"), {}),
+        reuse_port=reuse_port,
+    )
+
+
+def response(status: http.HTTPStatus, body: bytes, headers: Iterable[tuple[str, str]]) -> Response:
+    """An HTTP response to a request that is not upgraded, with exactly ``headers``."""
+    return Response(status.value, status.phrase, Headers(list(headers)), body)
+
+
+def plain_response(connection: WsConnection, status: http.HTTPStatus, text: str) -> Response:
+    """A plain-text refusal of an upgrade, as websockets writes them (``respond``)."""
+    return connection.respond(status, text)
+
+
+def without_body(answer: Response) -> Response:
+    """The same status and headers without the body (a HEAD, RFC 9110 section 9.3.2)."""
+    return Response(answer.status_code, answer.reason_phrase, answer.headers, b"")
+
+
+def header_values(request: Request, name: str) -> list[str]:
+    """Every value of a (repeatable) request header, comma lists split and stripped."""
+    return [p.strip() for h in request.headers.get_all(name) for p in h.split(",")]

@@ -1,0 +1,77 @@
+"""The client is a composition of parts (issue 9): each part works from what it is given."""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from protocol import messages as m
+from toolbus.client import Client
+from toolbus.client_approvals import Approvals
+from toolbus.client_calls import Calls
+from toolbus.client_inbound import Inbound
+from toolbus.client_jobs import KEEP_OUTCOMES, Jobs
+from toolbus.client_link import Link
+from toolbus.handles import Backoff, JobOutcome
+
+TOOLBUS = Path(__file__).resolve().parents[2] / "toolbus"
+
+
+def test_no_stub_is_left_in_the_client() -> None:
+    """Issue 9: no toolbus module raises NotImplementedError (a layer's stub)."""
+    stubs = []
+    for path in sorted(TOOLBUS.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Raise) and "NotImplementedError" in ast.unparse(node):
+                stubs.append(f"{path.name}:{node.lineno}")
+    assert stubs == []
+
+
+def test_handles_do_not_know_the_client() -> None:
+    """SPEC K1: handles and requests act through the part that made them, so
+    toolbus/handles.py imports no client module."""
+    tree = ast.parse((TOOLBUS / "handles.py").read_text(encoding="utf-8"))
+    imported = {
+        node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module
+    }
+    assert not {name for name in imported if name.startswith("toolbus.client")}
+
+
+def test_parts_are_held_not_inherited() -> None:
+    """Issue 9: the parts are attributes of a Client, not its bases."""
+    assert not {Calls, Jobs, Approvals, Inbound, Link} & set(Client.__mro__)
+
+
+def test_every_server_message_has_a_handler() -> None:
+    """SPEC K1: the inbound table covers every server message class but ``welcome``,
+    which only the handshake reads; a new server message fails here until handled."""
+    assert set(m.SERVER_TYPES) - set(Inbound.HANDLERS) == {m.Welcome}
+
+
+async def _never(job_id: str) -> m.JobInfo:
+    raise AssertionError(f"job.get {job_id} not expected")
+
+
+async def _never_cancel(job_id: str, _limit: float | None) -> m.JobInfo:
+    raise AssertionError(f"job.cancel {job_id} not expected")
+
+
+def _outcome(job_id: str) -> JobOutcome:
+    return JobOutcome(job_id=job_id, tool="t", state=m.JobState.DONE, summary="ok")
+
+
+async def test_jobs_part_resolves_a_late_handle_from_a_kept_outcome() -> None:
+    """SPEC I12: a recorded ``dispatched`` arriving after its job ended gets a resolved
+    handle; only the last KEEP_OUTCOMES outcomes are kept."""
+    tasks: list[Any] = []
+    jobs = Jobs(_never, _never_cancel, tasks.append, Backoff(), lambda: True)
+    for n in range(KEEP_OUTCOMES + 1):
+        jobs.ended(_outcome(f"j{n}"))
+    late = jobs.dispatched(m.Dispatched(call_id="c", job_id="j1", tool="t", message="m"))
+    assert late.done()
+    assert (await asyncio.wait_for(late.result(), 1)).job_id == "j1"
+    evicted = jobs.dispatched(m.Dispatched(call_id="c0", job_id="j0", tool="t", message="m"))
+    assert not evicted.done()
+    assert tasks == []

@@ -1,0 +1,111 @@
+"""The fencing token on the PostgreSQL store itself (SPEC N2, N3, D1): two stores as two
+nodes, no notifications involved, so the guarantee holds whether or not a NOTIFY
+arrives."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.pg_fence import Fence
+from gateway.store import StoreUnavailable
+from gateway.store_pg import PgStore
+from gateway.store_rows import SessionRow
+from tests.pg_support import pg_url  # noqa: F401 (fixture)
+
+
+def _row(sid: str) -> SessionRow:
+    return SessionRow(sid, "h", "alice", None, "demo", {}, {}, [], 0, 0, 0, 1.5, None, None)
+
+
+def _node(url: str, name: str, fenced: list[str]) -> PgStore:
+    """A store with a fence, as node ``name`` with a lease that does not expire."""
+    store = PgStore(url)
+    store.fence = Fence(name, fenced.append)
+    store.link.execute(
+        "INSERT INTO nodes (node_id, lease_until, started_at) VALUES (%s, 1e12, 0)", (name,)
+    )
+    return store
+
+
+def test_n2_a_fenced_commit_writes_nothing_of_the_session_and_forwards_its_events(
+    pg_url: str,  # noqa: F811
+) -> None:
+    """SPEC N2, N3: after B took the session over, A's next commit stores none of A's
+    events, row or counters for it (the log stays B's, gap-free), puts A's events in the
+    inbox for B, still commits A's other sessions, and tells A it lost the session."""
+    lost_a: list[str] = []
+    a, b = _node(pg_url, "a", lost_a), _node(pg_url, "b", [])
+    a.stage_session(_row("s1"))
+    a.stage_session(_row("s2"))
+    a.stage_event("s1", 1, b'{"type":"catalog","seq":1}')
+    a.commit()
+    taken = b.take_over("s1")
+    assert taken is not None
+    row, took = taken
+    assert (row.last_seq, took.previous, took.epoch, took.kept) == (1, "a", 2, False)
+    b.stage_event("s1", 2, b'{"type":"result","seq":2}')
+    b.commit()
+    a.stage_event("s1", 2, b'{"type":"job.done","seq":2}')
+    a.stage_seq("s1", 2, 2, 2)
+    a.stage_event("s2", 1, b'{"type":"catalog","seq":1}')
+    a.commit()
+    assert lost_a == ["s1"]
+    assert b.events_after("s1", 0) == [
+        (1, b'{"type":"catalog","seq":1}'),
+        (2, b'{"type":"result","seq":2}'),
+    ]
+    assert b.load_session("s1") is not None
+    assert b.events_after("s2", 0) == [(1, b'{"type":"catalog","seq":1}')]
+    assert [(sid, body) for _, sid, body in b.inbox(10)] == [("s1", b'{"type":"job.done","seq":2}')]
+    assert a.inbox(10) == []  # A owns none of it
+    a.close()
+    b.close()
+
+
+def test_n3_an_inbox_row_is_consumed_once_even_when_its_reader_is_fenced(
+    pg_url: str,  # noqa: F811
+) -> None:
+    """SPEC N3: the owner emits an inbox row and deletes it in the same commit; an owner
+    fenced before that commit drops the event and leaves the row for the next owner."""
+    a, b, c = _node(pg_url, "a", []), _node(pg_url, "b", []), _node(pg_url, "c", [])
+    a.stage_session(_row("s1"))
+    a.commit()
+    assert b.take_over("s1") is not None
+    a.stage_event("s1", 5, b'{"type":"job.done","seq":5}')
+    a.commit()  # fenced: forwarded to b
+    [(row_id, _, body)] = b.inbox(10)
+    b.stage_event("s1", 1, body)
+    b.fence.consumed(row_id, "s1", 1)  # type: ignore[union-attr]
+    assert c.take_over("s1") is not None  # c takes over before b commits
+    b.commit()  # fenced: the event is dropped, the row stays
+    assert c.events_after("s1", 0) == []
+    assert [r[2] for r in c.inbox(10)] == [b'{"type":"job.done","seq":5}']
+    [(row_id, _, body)] = c.inbox(10)
+    c.stage_event("s1", 1, body)
+    c.fence.consumed(row_id, "s1", 1)  # type: ignore[union-attr]
+    c.commit()
+    assert c.events_after("s1", 0) == [(1, b'{"type":"job.done","seq":5}')]
+    assert c.inbox(10) == []
+    for store in (a, b, c):
+        store.close()
+
+
+def test_n4_a_node_declared_dead_forwards_nothing(pg_url: str) -> None:  # noqa: F811
+    """SPEC N4, D1: once another node claimed this node's work (its ``nodes`` row is
+    gone), a commit that would forward its events fails, writes nothing, and every later
+    commit fails too: the claimer settled that work."""
+    a, b = _node(pg_url, "a", []), _node(pg_url, "b", [])
+    a.stage_session(_row("s1"))
+    a.commit()
+    assert b.take_over("s1") is not None
+    b.link.execute("DELETE FROM nodes WHERE node_id='a'", ())
+    a.stage_event("s1", 2, b'{"type":"job.done","seq":2}')
+    with pytest.raises(StoreUnavailable):
+        a.commit()
+    assert a.fence is not None
+    assert a.fence.dead
+    assert b.inbox(10) == []
+    with pytest.raises(StoreUnavailable):
+        a.commit()
+    a.close()
+    b.close()

@@ -1,0 +1,305 @@
+"""The websockets seam (``gateway/wslib.py``) still fits the installed websockets.
+
+``gateway/wslib.py`` reaches below websockets' public API: it overrides
+``Connection.send_data``, drives the sans-I/O ``protocol`` (``state``, ``send_text``,
+``data_to_send``, ``close_sent``, ``close_rcvd_then_sent``), writes to ``transport``,
+enters ``send_context``, passes a non-class ``create_connection`` to ``serve`` and reads
+``Request.method``. Each test here pins one of those and fails naming it, so a websockets
+release that moves one fails here first, not as a 1011 in production. To widen the
+version range in ``pyproject.toml``: install the new version, run this file, fix
+``gateway/wslib.py`` if it fails (ARCHITECTURE.md, "One seam for the WebSocket library").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import http
+import inspect
+import logging
+import re
+import tomllib
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import websockets
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+from websockets.asyncio.client import connect
+from websockets.asyncio.connection import Connection
+from websockets.asyncio.server import ServerConnection
+from websockets.asyncio.server import serve as ws_serve
+from websockets.frames import Close, Frame, Opcode
+from websockets.http11 import Request, Response
+from websockets.protocol import Protocol, State
+from websockets.server import ServerProtocol
+
+from gateway import wslib
+from tests.support import ROOT, WAIT
+
+SIGNATURES: dict[str, tuple[Callable[..., Any], list[str]]] = {
+    "websockets.protocol.Protocol.send_text": (Protocol.send_text, ["self", "data", "fin"]),
+    "websockets.protocol.Protocol.data_to_send": (Protocol.data_to_send, ["self"]),
+    "websockets.asyncio.connection.Connection.send_data": (Connection.send_data, ["self"]),
+    "websockets.asyncio.connection.Connection.send_context": (
+        Connection.send_context,
+        ["self", "expected_state"],
+    ),
+    "websockets.asyncio.connection.Connection.send": (Connection.send, ["self", "message", "text"]),
+    "websockets.asyncio.connection.Connection.recv": (Connection.recv, ["self", "decode"]),
+    "websockets.asyncio.connection.Connection.close": (
+        Connection.close,
+        ["self", "code", "reason"],
+    ),
+    "websockets.asyncio.server.ServerConnection.__init__": (
+        ServerConnection.__init__,
+        [
+            "self",
+            "protocol",
+            "server",
+            "ping_interval",
+            "ping_timeout",
+            "close_timeout",
+            "max_queue",
+            "write_limit",
+        ],
+    ),
+    "websockets.asyncio.server.ServerConnection.respond": (
+        ServerConnection.respond,
+        ["self", "status", "text"],
+    ),
+    "websockets.asyncio.server.ServerConnection.connection_made": (
+        ServerConnection.connection_made,
+        ["self", "transport"],
+    ),
+}
+"""Every websockets method wslib overrides, calls below the public API, or hands
+``serve``'s arguments to, with the parameter names it relies on."""
+
+SERVE_OPTIONS = {
+    "process_request",
+    "create_connection",
+    "subprotocols",
+    "max_size",
+    "ping_interval",
+    "ping_timeout",
+    "close_timeout",
+    "compression",
+    "server_header",
+    "logger",
+}
+"""The keyword arguments :func:`gateway.wslib.serve` passes to websockets' ``serve``."""
+
+
+@pytest.mark.parametrize("name", sorted(SIGNATURES))
+def test_signature_unchanged(name: str) -> None:
+    """A method wslib overrides or calls keeps the parameters wslib passes or accepts."""
+    function, expected = SIGNATURES[name]
+    found = list(inspect.signature(function).parameters)
+    assert found == expected, f"websockets internal changed: {name}{tuple(found)}"
+
+
+def test_serve_takes_the_options_wslib_passes() -> None:
+    """websockets.asyncio.server.serve still accepts every option wslib.serve gives it."""
+    missing = SERVE_OPTIONS - set(inspect.signature(ws_serve).parameters)
+    assert not missing, f"websockets.asyncio.server.serve lost options: {sorted(missing)}"
+
+
+def test_send_context_calls_send_data() -> None:
+    """Connection.send_context writes through self.send_data(), the method WsConnection
+    overrides to coalesce frames; if it stopped, batches would go out unjoined or not at all."""
+    source = inspect.getsource(Connection.send_context)
+    assert "self.send_data()" in source, (
+        "websockets internal changed: Connection.send_context no longer calls self.send_data()"
+    )
+
+
+def test_state_names() -> None:
+    """websockets.protocol.State keeps the members wslib compares against (OPEN)."""
+    names = list(State.__members__)
+    assert names == ["CONNECTING", "OPEN", "CLOSING", "CLOSED"], (
+        f"websockets internal changed: websockets.protocol.State is {names}"
+    )
+
+
+@pytest.mark.parametrize("attribute", ["state", "close_sent", "close_rcvd_then_sent"])
+def test_protocol_attributes(attribute: str) -> None:
+    """The sans-I/O ServerProtocol has the attributes WsConnection reads."""
+    protocol = ServerProtocol(state=State.OPEN)
+    assert hasattr(protocol, attribute), (
+        f"websockets internal changed: ServerProtocol has no attribute {attribute!r}"
+    )
+
+
+def test_data_to_send_contract() -> None:
+    """``data_to_send`` returns the frames as bytes chunks, then ``b""`` for end of stream
+    once the closing handshake is done: WsConnection.send_data joins the chunks and
+    half-closes on the empty one (RFC 6455 section 7.1.1)."""
+    protocol = ServerProtocol(state=State.OPEN)
+    protocol.send_text(b"ab")
+    protocol.send_text(b"c")
+    sent = protocol.data_to_send()
+    assert sent == [b"\x81\x02ab", b"\x81\x01c"], (
+        f"websockets internal changed: Protocol.data_to_send() after two send_text gave {sent}"
+    )
+    close = Frame(Opcode.CLOSE, Close(1000, "").serialize())
+    protocol.receive_data(close.serialize(mask=True))
+    sent = protocol.data_to_send()
+    assert sent == [b"\x88\x02\x03\xe8", b""], (
+        f"websockets internal changed: Protocol.data_to_send() after a close gave {sent}"
+    )
+    assert protocol.close_sent == Close(1000, ""), (
+        f"websockets internal changed: close_sent after a peer's close is {protocol.close_sent}"
+    )
+    assert protocol.close_rcvd_then_sent is True, (
+        "websockets internal changed: close_rcvd_then_sent is not True after a peer's close"
+    )
+
+
+@pytest.mark.parametrize("field", ["path", "method", "headers"])
+def test_request_fields(field: str) -> None:
+    """websockets.http11.Request has the fields the upgrade vetting reads (``method`` is
+    new in websockets 17.0: HEAD and 405 answers need it)."""
+    names = [f.name for f in dataclasses.fields(Request)]
+    assert field in names, f"websockets internal changed: Request has no field {field!r}"
+
+
+def test_response_fields() -> None:
+    """websockets.http11.Response is still built from (status, reason, headers, body)."""
+    names = [f.name for f in dataclasses.fields(Response)][:4]
+    assert names == ["status_code", "reason_phrase", "headers", "body"], (
+        f"websockets internal changed: Response fields are {names}"
+    )
+
+
+def _declared_range() -> SpecifierSet:
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    for spec in data["project"]["dependencies"]:
+        match = re.fullmatch(r"websockets\s*([<>=!~].*)", spec.strip())
+        if match:
+            return SpecifierSet(match.group(1))
+    raise AssertionError("pyproject.toml declares no websockets range")
+
+
+def test_declared_range_is_the_tested_one() -> None:
+    """pyproject.toml admits only websockets 17 (the releases this file passed on), and
+    the installed version is inside it."""
+    declared = _declared_range()
+    assert declared == SpecifierSet(">=17.0,<18"), f"websockets range changed: {declared}"
+    installed = Version(websockets.__version__)
+    assert installed in declared, f"websockets {installed} is outside {declared}"
+
+
+class _RecordingTransport:
+    """The server's real transport, with its writes and half-closes recorded."""
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+        self.writes: list[bytes] = []
+        self.eofs = 0
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(bytes(data))
+        self._transport.write(data)
+
+    def write_eof(self) -> None:
+        self.eofs += 1
+        self._transport.write_eof()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+class _Front(asyncio.Protocol):
+    """Put in front of each socket through ``serve(front=...)``, as the /mcp sniffer is:
+    hands the socket to websockets' connection through a recording transport."""
+
+    def __init__(self, websocket: Callable[[], asyncio.Protocol], made: list[Any]) -> None:
+        self.connection = websocket()
+        made.append(self)
+        self.transport: _RecordingTransport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = _RecordingTransport(transport)
+        transport.set_protocol(self.connection)
+        self.connection.connection_made(self.transport)  # type: ignore[arg-type]
+
+
+def _text_frame(payload: bytes) -> bytes:
+    """A server's (unmasked) final text frame of under 126 bytes (RFC 6455 section 5.2)."""
+    return b"\x81" + bytes([len(payload)]) + payload
+
+
+async def test_coalesced_writes_are_valid_frames(caplog: pytest.LogCaptureFixture) -> None:
+    """Through a real wslib.serve and a real websockets client: write_now and send_texts
+    each put their frames in one transport write of exact, valid frames; the client
+    decodes them; the close ends with a half-close; websockets logs no DEBUG line."""
+    caplog.set_level(logging.DEBUG, logger="websockets.server")
+    made: list[_Front] = []
+    handled: list[wslib.Socket] = []
+    done = asyncio.Event()
+
+    async def handler(ws: wslib.Socket) -> None:
+        handled.append(ws)
+        assert await ws.recv() == "go"
+        assert ws.header("X-Seam") == "yes"
+        assert ws.write_now([b"one", b"two", b"three"]), "write_now refused an idle socket"
+        await ws.send_texts([b"four", b"five"])
+        assert await ws.recv() == "bye"
+        await ws.close(4000, "done")
+        assert ws.sent_close_code() == 4000
+        done.set()
+
+    def vet(connection: wslib.WsConnection, request: wslib.Request) -> wslib.Response | None:
+        if request.method != "GET":
+            return wslib.response(http.HTTPStatus.METHOD_NOT_ALLOWED, b"", [])
+        return None
+
+    server = await wslib.serve(
+        handler,
+        "127.0.0.1",
+        0,
+        subprotocols=["seam.v1"],
+        process_request=vet,
+        max_size=2**16,
+        ping_interval=None,
+        ping_timeout=None,
+        close_timeout=WAIT,
+        front=lambda websocket: _Front(websocket, made),
+    )
+    try:
+        port = server.sockets[0].getsockname()[1]
+        async with asyncio.timeout(WAIT):
+            async with connect(
+                f"ws://127.0.0.1:{port}",
+                subprotocols=["seam.v1"],  # type: ignore[list-item]
+                additional_headers={"X-Seam": "yes"},
+            ) as client:
+                await client.send("go")
+                got = [await client.recv() for _ in range(5)]
+                await client.send("bye")
+                with pytest.raises(websockets.ConnectionClosed) as closed:
+                    await client.recv()
+            await done.wait()
+    finally:
+        server.close()
+        await server.wait_closed()
+
+    assert got == ["one", "two", "three", "four", "five"]
+    assert closed.value.rcvd == Close(4000, "done")
+    [front] = made
+    assert handled == [front.connection], (
+        "websockets internal changed: the handler did not get the connection that "
+        "create_connection made (serve's create_connection / connection_made convention)"
+    )
+    assert front.transport is not None
+    writes = front.transport.writes
+    one_two_three = b"".join(_text_frame(p) for p in (b"one", b"two", b"three"))
+    four_five = _text_frame(b"four") + _text_frame(b"five")
+    assert writes[1:3] == [one_two_three, four_five], f"frames not coalesced: {writes}"
+    assert writes[3].startswith(b"\x88"), f"no close frame after the data: {writes}"
+    assert front.transport.eofs == 1, "the closing handshake did not half-close the socket"
+    debug = [r for r in caplog.records if r.name.startswith("websockets.server")]
+    assert not [r for r in debug if r.levelno == logging.DEBUG], "websockets logged at DEBUG"

@@ -1,0 +1,69 @@
+"""A durable event is built without ``seq`` and numbered when it is encoded (SPEC D1)."""
+
+from __future__ import annotations
+
+import pytest
+from golden_messages import SERVER_GOLDEN
+from pydantic import BaseModel
+
+from protocol import codec
+from protocol import messages as m
+from protocol.errors import DecodeError, ErrorCode
+from protocol.jsonschema import message_schemas
+
+DURABLE_GOLDEN = [(msg, raw) for msg, raw in SERVER_GOLDEN if isinstance(msg, m.DURABLE_TYPES)]
+
+
+def _ids(table: list[tuple[BaseModel, bytes]]) -> list[str]:
+    return [f"{i}-{type(message).__name__}" for i, (message, _) in enumerate(table)]
+
+
+def test_table_covers_every_durable_type() -> None:
+    """SPEC D1: the golden table holds every durable event type."""
+    assert {type(message) for message, _ in DURABLE_GOLDEN} == set(m.DURABLE_TYPES)
+
+
+@pytest.mark.parametrize(("message", "raw"), DURABLE_GOLDEN, ids=_ids(DURABLE_GOLDEN))
+def test_encode_event_numbers_an_unsequenced_event(message: BaseModel, raw: bytes) -> None:
+    """SPEC D1: the event built without seq, encoded under the golden seq, gives the golden
+    bytes: the same key order and values as the event built with it."""
+    seq = message.seq  # type: ignore[attr-defined]
+    unsequenced = message.model_copy(update={"seq": m.UNSEQUENCED})
+    assert codec.encode_event(unsequenced, seq) == raw  # type: ignore[arg-type]
+    assert unsequenced.seq == m.UNSEQUENCED  # type: ignore[attr-defined]
+
+
+def test_server_builds_an_event_without_seq() -> None:
+    """SPEC D1: the constructor defaults seq to UNSEQUENCED; encode_event numbers it."""
+    event = m.Result(call_id="c1", tool="echo", result={"ok": True})
+    assert event.seq == m.UNSEQUENCED
+    assert codec.encode_event(event, 7) == (
+        b'{"type":"result","seq":7,"call_id":"c1","tool":"echo","result":{"ok":true},'
+        b'"declined":false,"replaced":false}'
+    )
+
+
+@pytest.mark.parametrize(("message", "raw"), DURABLE_GOLDEN, ids=_ids(DURABLE_GOLDEN))
+def test_wire_event_without_seq_is_refused(message: BaseModel, raw: bytes) -> None:
+    """SPEC D1, E1: on the wire seq stays required: a durable event without it (or with the
+    UNSEQUENCED 0) is refused as the model with a required seq refused it."""
+    seq = message.seq  # type: ignore[attr-defined]
+    missing = raw.replace(b'"seq":%d,' % seq, b"", 1)
+    assert missing != raw
+    assert codec.decode_server(missing) == DecodeError(
+        ErrorCode.MISSING_FIELD, "seq: Field required", getattr(message, "id", None)
+    )
+    zero = raw.replace(b'"seq":%d,' % seq, b'"seq":0,', 1)
+    refused = codec.decode_server(zero)
+    assert isinstance(refused, DecodeError)
+    assert refused.code is ErrorCode.INVALID_VALUE
+
+
+def test_schema_requires_seq_without_default() -> None:
+    """SPEC D1: every durable event's JSON Schema requires seq (second, after type) and
+    gives it no default (the schema drift test pins every other byte)."""
+    schemas = message_schemas()
+    for model in m.DURABLE_TYPES:
+        schema = schemas[m.type_name(model)]
+        assert schema["required"][:2] == ["type", "seq"]
+        assert schema["properties"]["seq"] == {"minimum": 1, "title": "Seq", "type": "integer"}
