@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import clients as c
-from bench import mcp_mount, peers
+from bench import mcp_mount, nodes, peers
 from bench.servers import raise_fd_limit
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,6 +65,17 @@ class Plan:
     p12_sessions: int = 50
     p12_duration: float = 2.0
     p12_rounds: int = 5
+    p8_sessions: int = 50
+    p8_duration: float = 2.0
+    p8_rounds: int = 5
+    p8_idle_sessions: int = 1_000
+    p8_idle_seconds: float = 3.0
+    p10_sessions: int = 10
+    p10_per_session: int = 20
+    p10_rounds: int = 5
+    p10_lead: float = 1.0
+    p10_lone: int = 4
+    p10_lone_lead: float = 0.3
 
 
 FULL = Plan()
@@ -90,6 +101,16 @@ QUICK = Plan(
     p12_sessions=10,
     p12_duration=0.3,
     p12_rounds=1,
+    p8_sessions=10,
+    p8_duration=0.5,
+    p8_rounds=1,
+    p8_idle_sessions=100,
+    p8_idle_seconds=1.0,
+    p10_sessions=4,
+    p10_per_session=5,
+    p10_rounds=2,
+    p10_lead=0.5,
+    p10_lone=1,
 )
 
 
@@ -577,7 +598,10 @@ def git_commit() -> str:
     return "unknown"
 
 
-WORKLOADS = ["P1", "P2", "P4", "P5", "P6", "P7", "P11", "M3"]
+WORKLOADS = ["P1", "P2", "P4", "P5", "P6", "P7", "P11", "M3", "P8", "P10"]
+FULL_ONLY = {"P8", "P10"}
+"""Workloads ``--quick`` leaves out unless ``--only`` names them: each starts servers on
+fresh PostgreSQL databases, which costs more than the ~10 s a quick run may add."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -597,11 +621,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--only",
         default="",
-        help="comma-separated workloads, e.g. P1,P6 (P2 includes P3, P11 includes P12)",
+        help="comma-separated workloads, e.g. P1,P6 (P2 includes P3, P11 includes P12); "
+        "with --quick, the full-only ones (P8, P10) run only when named here",
     )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "latest.json")
     args = parser.parse_args(argv)
-    only = [w.strip().upper() for w in args.only.split(",") if w.strip()] or WORKLOADS
+    only = [w.strip().upper() for w in args.only.split(",") if w.strip()] or [
+        w for w in WORKLOADS if not (args.quick and w in FULL_ONLY)
+    ]
     plan = QUICK if args.quick else FULL
     raise_fd_limit()
     t0 = time.perf_counter()
@@ -621,6 +648,8 @@ def main(argv: list[str] | None = None) -> int:
             "P7": bench.p7,
             "P11": lambda: bench.rows.extend(Row(**r) for r in peers.p11_p12(bench, servers)),
             "M3": lambda: bench.rows.append(Row(**mcp_mount.row(bench, servers))),
+            "P8": lambda: bench.rows.extend(Row(**r) for r in nodes.p8(bench)),
+            "P10": lambda: bench.rows.extend(Row(**r) for r in nodes.p10(bench)),
         }
         for name in WORKLOADS:
             if name not in only:

@@ -105,10 +105,17 @@ async def serve_floor(args: argparse.Namespace) -> None:
 
 def toolbus_settings(data: Path) -> Any:
     """Settings of the bench gateway: real pipeline, limits that would throttle a bench off."""
+    from gateway.config import load_settings
+
+    return load_settings(**toolbus_config(data))
+
+
+def toolbus_config(data: Path) -> dict[str, Any]:
+    """The bench gateway's configuration as config-file sections (``toolbus_settings``;
+    ``bench/nodes.py`` writes it to a YAML file for ``toolbus serve --workers``)."""
     import yaml
 
     from gateway.auth import hash_token
-    from gateway.config import load_settings
 
     data.mkdir(parents=True, exist_ok=True)
     tokens = data / "tokens.yaml"
@@ -121,7 +128,7 @@ def toolbus_settings(data: Path) -> Any:
             }
         )
     )
-    return load_settings(
+    return dict(
         data_dir=data / "data",
         server={"host": "127.0.0.1", "port": 0, "heartbeat_interval": 0},
         auth={"token_file": tokens},

@@ -113,13 +113,18 @@ class Credential:
 def admits(identity: Identity, session: Session) -> Refusal | None:
     """Whether ``identity`` may carry ``session`` on (SPEC S6): the same principal
     (tenant, user) and its profile still granted. ``None`` when it may."""
-    if (identity.user, identity.tenant) != (session.user, session.tenant):
+    return admits_named(identity, session.user, session.tenant, session.profile.name)
+
+
+def admits_named(identity: Identity, user: str, tenant: str | None, profile: str) -> Refusal | None:
+    """:func:`admits` for a session known by its principal and profile name (a stored
+    one not yet taken over by this node, SPEC N2, S6)."""
+    if (identity.user, identity.tenant) != (user, tenant):
         return Refusal(ErrorCode.PRINCIPAL_MISMATCH, "the credential names another principal")
-    if session.profile.name not in identity.profiles:
+    if profile not in identity.profiles:
         granted = ", ".join(sorted(identity.profiles)) or "none"
         return Refusal(
-            ErrorCode.PROFILE_DENIED,
-            f"profile {session.profile.name!r} is not granted; granted: {granted}",
+            ErrorCode.PROFILE_DENIED, f"profile {profile!r} is not granted; granted: {granted}"
         )
     return None
 

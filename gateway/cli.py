@@ -92,11 +92,20 @@ def _settings(args: argparse.Namespace) -> Settings:
             key = ".".join(str(part) for part in error["loc"])
             message = "unknown key" if error["type"] == "extra_forbidden" else error["msg"]
             message = message.removeprefix("Value error, ")
-            lines.append(f"  {key}: {message}")
+            lines.append(f"  {key}: {message}{_from_env(error['loc'])}")
         raise ConfigError("\n".join(lines)) from exc
     except (TypeError, ValueError) as exc:
         # A YAML document that is not a mapping of sections (a list, a scalar).
         raise ConfigError(f"{where}: must be a mapping of sections (server:, calls:, …)") from exc
+
+
+def _from_env(loc: tuple[int | str, ...]) -> str:
+    """`` (from TOOLBUS_SERVER__PORT)`` when an environment variable set the key at
+    ``loc``, so the message names where the bad value came from (SPEC O4); else ``""``."""
+    parts = [str(part) for part in loc[:2]]
+    name = "TOOLBUS_" + "__".join(parts).upper()
+    set_names = {key.upper() for key in os.environ}
+    return f" (from {name})" if name in set_names else ""
 
 
 def _yaml_problem(exc: yaml.YAMLError) -> str:

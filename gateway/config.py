@@ -228,7 +228,8 @@ class NodesConfig(_Section):
     """Seconds between two renewals of this node's liveness lease (SPEC N4)."""
     lease_ttl: float = Field(5.0, gt=0)
     """Seconds a lease lasts from its last renewal (the database's clock); must exceed
-    ``lease_interval``."""
+    ``lease_interval``. Also how long a node that got the database back after losing it
+    waits before it judges other nodes dead (SPEC N7)."""
 
     @model_validator(mode="after")
     def _ttl_outlasts_interval(self) -> NodesConfig:

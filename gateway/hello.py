@@ -13,9 +13,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from gateway.auth import Authenticator, AuthError, Identity, bearer
-from gateway.authority import Authority, admits
+from gateway.authority import Authority, admits_named
 from gateway.config import LimitsConfig
 from gateway.metrics import Metrics
+from gateway.nodes import Resumable
 from gateway.outbox import Link, Outbox, Replay
 from gateway.session import Session, SessionTable, TokenBucket
 from gateway.store import Store, StoreUnavailable
@@ -52,6 +53,41 @@ def context_too_large(context: dict[str, str], limits: LimitsConfig) -> bool:
 def credential(hello: m.Hello, ws: Socket) -> str | None:
     """The hello's token, else the upgrade request's ``Authorization: Bearer`` value."""
     return hello.token or bearer(ws.header("Authorization"))
+
+
+def may_resume(hello: m.Hello, identity: Identity, found: Resumable, store: Store) -> bool:
+    """SPEC S6, D3: whether ``hello`` may resume the session ``found`` describes (its log
+    in ``store``); ``False``: resumed false. Checked before a take-over (SPEC N2).
+
+    Raises:
+        Refused: the principal's credential no longer grants the profile.
+    """
+    if (found.user, found.tenant) != (identity.user, identity.tenant) or (
+        hello.profile and hello.profile != found.profile
+    ):
+        return False
+    refusal = admits_named(identity, found.user, found.tenant, found.profile)
+    if refusal is not None:
+        # SPEC S6, F19b: a resume is authenticated afresh; a credential of the same
+        # principal that no longer grants the profile is refused like a fresh hello.
+        raise Refused(refusal.code, refusal.message, CloseCode.AUTH_FAILED)
+    last = hello.last_seq or 0
+    if last < found.floor_seq or last > found.last_seq:
+        # SPEC D3: the history no longer reaches back (or the client claims events it
+        # was never sent): resumed false. The old session is left alone, parked
+        # until its own window ends; a client mistake does not cancel its work.
+        return False
+    if store.events_complete(found.session_id, last, found.last_seq):
+        return True
+    # SPEC D3, D6 (case F27): the log has a hole in what a resume would replay;
+    # never deliver it as if whole.
+    logger.warning(
+        "session %s: events missing between %d and %d; resumed false",
+        found.session_id,
+        last,
+        found.last_seq,
+    )
+    return False
 
 
 class SessionOpener:
@@ -153,6 +189,16 @@ class SessionOpener:
                 "the store cannot commit right now; try again later",
                 CloseCode.TRY_AGAIN_LATER,
             )
+        if resumed and self.sessions.get(session.id) is not session:
+            # SPEC N2, D4: a resume on another node took the session over while this one
+            # was resuming it (the commit above was fenced and let it go): that one won;
+            # this socket is refused and closed 4000, never welcomed to a session it
+            # does not hold.
+            raise Refused(
+                ErrorCode.UNAVAILABLE,
+                "the session was resumed on another connection meanwhile",
+                CloseCode.SESSION_REPLACED,
+            )
         old = self.sessions.attach(session, link)
         if old is not None:
             log.info("session taken over by a new socket (SPEC D4)")
@@ -182,8 +228,13 @@ class SessionOpener:
         """SPEC D3, S6: the session ``hello`` may resume and its token, or ``None``."""
         node = self.node
         if node is not None and hello.session_id and hello.resume_token:
-            # SPEC N2: wherever it was, a resume with its token takes the session here.
-            session = node.resumable(hello.session_id, hello.resume_token)
+            # SPEC N2: wherever it was, a resume with its token takes the session here,
+            # but only once every check below passed on the stored session: a refused
+            # resume leaves it with its owner, its socket open (SPEC D4, S6).
+            found = node.resumable(hello.session_id, hello.resume_token)
+            if found is None or not may_resume(hello, identity, found, self.store):
+                return None, ""
+            session = node.take(hello.session_id)
         else:
             session = self.sessions.get(hello.session_id)
         if (
@@ -192,32 +243,22 @@ class SessionOpener:
             or not session.token_matches(hello.resume_token)
         ):
             return None, ""
-        if (session.user, session.tenant) != (identity.user, identity.tenant) or (
-            hello.profile and hello.profile != session.profile.name
-        ):
-            return None, ""
-        refusal = admits(identity, session)
-        if refusal is not None:
-            # SPEC S6, F19b: a resume is authenticated afresh; a credential of the same
-            # principal that no longer grants the profile is refused like a fresh hello.
-            raise Refused(refusal.code, refusal.message, CloseCode.AUTH_FAILED)
-        last = hello.last_seq or 0
-        if last < session.floor_seq or last > session.last_seq:
-            # SPEC D3: the history no longer reaches back (or the client claims events it
-            # was never sent): resumed false. The old session is left alone, parked
-            # until its own window ends; a client mistake does not cancel its work.
-            return None, ""
-        if not self.store.events_complete(session.id, last, session.last_seq):
-            # SPEC D3, D6 (case F27): the log has a hole in what a resume would replay;
-            # never deliver it as if whole.
-            logger.warning(
-                "session %s: events missing between %d and %d; resumed false",
-                session.id,
-                last,
-                session.last_seq,
-            )
+        if not may_resume(hello, identity, Resumable.of(session), self.store):
             return None, ""
         return session, hello.resume_token
+
+    def _whole(self, session_id: str, last: int, upto: int) -> bool:
+        """SPEC D3, D6 (case F27): whether the log holds every event a resume would
+        replay; never deliver a log with a hole as if whole."""
+        if self.store.events_complete(session_id, last, upto):
+            return True
+        logger.warning(
+            "session %s: events missing between %d and %d; resumed false",
+            session_id,
+            last,
+            upto,
+        )
+        return False
 
     def _new_session(self, hello: m.Hello, identity: Identity) -> tuple[Session, str]:
         name = hello.profile

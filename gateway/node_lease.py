@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -78,6 +79,20 @@ class NodeLease:
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._lease_db: psycopg.Connection[tuple[Any, ...]] | None = None
+        self._renewed = 0.0  # monotonic time of the last renewal that succeeded
+        self._back_at: float | None = None
+        """Monotonic time this node got the database back after losing it (a failed
+        renewal, a broken lease connection, or renewals more than ``lease_ttl`` apart);
+        ``None`` while it never lost it since start."""
+
+    def judging(self) -> bool:
+        """Whether this node may now judge other nodes dead (SPEC N4, N7): only once it
+        has itself been in touch with the database for ``lease_ttl`` seconds since it last
+        got it back. Another node's lease that expired while this node could not reach
+        the database either (a database restart, a network outage) is no death: the
+        other node had no chance to renew, and gets ``lease_ttl`` to do it."""
+        back = self._back_at
+        return back is None or time.monotonic() - back >= self.config.lease_ttl
 
     def register(self) -> bool:
         """Write this node's lease; ``True`` when no other node holds a live one (then this
@@ -96,6 +111,7 @@ class NodeLease:
     def _register(self) -> bool:
         self._lease_db = self._connect()
         db = self._store.link.conn()
+        self._wait_for_renewals(db)
         with db.transaction():
             db.execute("SELECT pg_advisory_xact_lock(%s)", (_START_LOCK,))
             others = db.execute(
@@ -116,6 +132,33 @@ class NodeLease:
                 self._fence.epochs.update({sid: int(epoch) for sid, epoch in claimed})
         logger.info("node %s registered (alone=%s)", self.id, alone)
         return alone
+
+    def _wait_for_renewals(self, db: psycopg.Connection[tuple[Any, ...]]) -> None:
+        """If the database itself (re)started less than ``lease_ttl`` seconds ago and
+        another node looks dead (lease expired, or lock free), wait until the database has
+        been up for ``lease_ttl`` before judging it: a live node that lost its connection
+        (and its lock) in the restart renews by then (SPEC N4, N7). Measured on the
+        database's clock."""
+        with db.transaction():
+            row = db.execute(
+                "SELECT %s - extract(epoch FROM clock_timestamp() - pg_postmaster_start_time())",
+                (self.config.lease_ttl,),
+            ).fetchone()
+            early = float(row[0]) if row else 0.0
+            others = db.execute(
+                "SELECT node_id, lease_until > extract(epoch FROM clock_timestamp()) "
+                "FROM nodes WHERE node_id<>%s",
+                (self.id,),
+            ).fetchall()
+            doubt = early > 0 and any(not leased or gone(db, node) for node, leased in others)
+        if doubt:
+            logger.info(
+                "node %s: the database started less than nodes.lease_ttl ago; waiting %.1f s "
+                "for the other nodes to renew before judging them",
+                self.id,
+                early,
+            )
+            time.sleep(early)
 
     def _connect(self) -> psycopg.Connection[tuple[Any, ...]]:
         """The lease connection: it holds this node's advisory lock for its life, which
@@ -179,6 +222,11 @@ class NodeLease:
                     self._fence.dead = True  # SPEC N4: from now on, no commit writes
                     self.call(self._declared_dead)
                     break
+                now = time.monotonic()
+                late = self._renewed and now - self._renewed > self.config.lease_ttl
+                if late or self._back_at == float("inf"):
+                    self._back_at = now  # back after being out of touch (SPEC N7)
+                self._renewed = now
                 self.call(self._tick)  # the safety net (SPEC N3)
                 for note in db.notifies(timeout=interval):
                     self.call(self._notified, note.payload)
@@ -187,6 +235,7 @@ class NodeLease:
             except (psycopg.Error, StoreError) as exc:
                 logger.warning("node %s: lease or listen failed: %s", self.id, exc)
                 db = None
+                self._back_at = float("inf")  # no judging until back, then lease_ttl more
                 self._stop.wait(interval)
         if db is not None:
             db.close()  # the lock goes with it: a live node claims what is left (SPEC N4)

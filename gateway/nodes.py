@@ -39,6 +39,7 @@ import os
 import secrets
 import socket
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from gateway.auth import hash_token
 from gateway.catalog_state import CatalogState
@@ -56,6 +57,31 @@ from gateway.store_rows import SessionRow
 from protocol.errors import CloseCode
 
 logger = logging.getLogger("gateway.nodes")
+
+
+@dataclass(frozen=True, slots=True)
+class Resumable:
+    """A stored session as a resume is checked against it before the take-over
+    (:meth:`Node.resumable`; SPEC N2, S6, D3)."""
+
+    session_id: str
+    user: str
+    tenant: str | None
+    profile: str
+    floor_seq: int
+    last_seq: int
+
+    @classmethod
+    def of(cls, session: Session) -> Resumable:
+        """The same facts of a session in memory."""
+        return cls(
+            session.id,
+            session.user,
+            session.tenant,
+            session.profile.name,
+            session.floor_seq,
+            session.last_seq,
+        )
 
 
 def node_id(configured: str | None) -> str:
@@ -162,8 +188,8 @@ class Node:
         self.sweep()
         if self.requests is not None:
             self.requests.sweep()
-        if self.recovery is not None:
-            self.claim_dead()
+        if self.recovery is not None and self._lease.judging():
+            self.claim_dead()  # not right after an outage of this node's own (SPEC N7)
 
     def claim_dead(self) -> list[str]:
         """Claim and settle the work of dead nodes here (SPEC N4;
@@ -186,22 +212,25 @@ class Node:
 
     # -- ownership (SPEC N2) --------------------------------------------------------------
 
-    def resumable(self, session_id: str, resume_token: str) -> Session | None:
-        """The session a resume with ``resume_token`` names, taken over by this node
-        (:meth:`take`); ``None`` when no stored session has that id and token.
+    def resumable(self, session_id: str, resume_token: str) -> Resumable | None:
+        """What the stored (or local) session a resume with ``resume_token`` names is,
+        without taking it: the caller checks the resume against it (principal, profile,
+        ``last_seq``; SPEC S6, D3) and only then calls :meth:`take`, so a refused resume
+        leaves the session with its owner (SPEC N2, D4). ``None`` when no session has
+        that id and token.
 
         Raises:
-            StoreUnavailable: the store cannot be read or written now.
+            StoreUnavailable: the store cannot be read now.
         """
         local = self._sessions.get(session_id)
         if local is not None:
             if not local.token_matches(resume_token):
                 return None
-        else:
-            row = self._store.load_session(session_id)
-            if row is None or not hmac.compare_digest(row.token_hash, hash_token(resume_token)):
-                return None
-        return self.take(session_id)
+            return Resumable.of(local)
+        row = self._store.load_session(session_id)
+        if row is None or not hmac.compare_digest(row.token_hash, hash_token(resume_token)):
+            return None
+        return Resumable(session_id, row.user, row.tenant, row.profile, row.floor_seq, row.last_seq)
 
     def take(self, session_id: str) -> Session | None:
         """Make this node the owner of a stored session and return it, in memory and

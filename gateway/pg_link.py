@@ -73,6 +73,15 @@ def _line(exc: BaseException) -> str:
     return " ".join(str(exc).split())
 
 
+def _search_path(db: _Conn) -> str:
+    """The connection's ``search_path`` setting, for a message ("?" when unreadable)."""
+    try:
+        row = db.execute("SHOW search_path").fetchone()
+    except psycopg.Error:
+        return "?"
+    return str(row[0]) if row else "?"
+
+
 class PgLink:
     """One connection of a store (SPEC N1, D6). Several nodes share one store (SPEC N2):
     sessions move between them under a fencing token (:mod:`gateway.nodes`).
@@ -81,7 +90,8 @@ class PgLink:
         url: a ``postgresql://`` URL (libpq syntax).
 
     Raises:
-        StoreError: the database cannot be reached, or refused the migration.
+        StoreError: the database cannot be reached, has no schema of the URL's
+            ``search_path``, or refused the migration.
         SchemaTooNew: the database schema is newer than this code.
     """
 
@@ -94,6 +104,13 @@ class PgLink:
             raise StoreError(f"store {self.where}: cannot connect: {_line(exc)}") from exc
         try:
             applied = migrate(db, self.where)
+        except psycopg.errors.InvalidSchemaName as exc:
+            path = _search_path(db)
+            db.close()
+            raise StoreError(
+                f"store {self.where}: no schema of its search_path ({path}) exists; create "
+                f"it first (CREATE SCHEMA ...) or fix options=-csearch_path in store.url"
+            ) from exc
         except psycopg.Error as exc:
             db.close()
             raise StoreError(f"store {self.where}: migration failed: {_line(exc)}") from exc

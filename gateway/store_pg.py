@@ -61,6 +61,13 @@ def _text_checked(values: tuple[Any, ...], what: str) -> tuple[Any, ...]:
     return values
 
 
+def _unstorable(key: str) -> bool:
+    """Whether ``key`` (an id a client sent) holds U+0000: ``TEXT`` cannot bind it, so no
+    row has it. A lookup answers "none" then, like for any made-up id (SPEC A7, S1),
+    instead of failing as if the store were down."""
+    return "\x00" in key
+
+
 def _ledger_row(row: tuple[Any, ...]) -> LedgerRow:
     tenant, user, call_id, tool, params_hash, state, outcome, created_at = row
     return LedgerRow(
@@ -177,6 +184,8 @@ class PgStore:
         """
         fence = self.fence
         assert fence is not None, "take_over needs a node (gateway.nodes.Node)"
+        if _unstorable(session_id):
+            return None
         db = self.link.conn()
         try:
             took = fence.take_over(db, session_id)
@@ -200,6 +209,8 @@ class PgStore:
     # -- reads -----------------------------------------------------------------------
 
     def load_session(self, session_id: str) -> SessionRow | None:
+        if _unstorable(session_id):
+            return None
         rows = self.link.read(_SELECT_SESSIONS + " WHERE s.session_id=%s", (session_id,))
         return session_row(rows[0]) if rows else None
 
@@ -254,6 +265,8 @@ class PgStore:
         ]
 
     def job(self, job_id: str) -> JobRow | None:
+        if _unstorable(job_id):
+            return None
         rows = self.link.read(f"SELECT {JOB_COLS} FROM jobs WHERE job_id=%s", (job_id,))
         return job_row(rows[0]) if rows else None
 

@@ -137,6 +137,22 @@ class WsConnection(ServerConnection):
         elif chunks:
             self.transport.write(b"".join(chunks))
 
+    async def close(self, code: int = 1000, reason: str = "") -> None:
+        """websockets' closing handshake, bounded by ``close_timeout`` in all.
+
+        websockets drains the write buffer before its close deadline starts, with no
+        bound of its own: a peer that stopped reading would hold the close (the lifetime
+        or drain 1012, the slow-consumer 1013, an S6 close) and its session forever.
+        Past ``close_timeout`` the transport is aborted; the session is parked as after
+        any drop (SPEC D5, N6, S4).
+        """
+        try:
+            async with asyncio.timeout(self.close_timeout):
+                await super().close(code, reason)
+        except TimeoutError:
+            self.transport.abort()
+            await self.wait_closed()
+
     def header(self, name: str) -> str | None:
         request = self.request
         return request.headers.get(name) if request is not None else None

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from urllib.parse import parse_qs
 
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+from mcp.server.auth.provider import AccessToken
 from starlette.responses import PlainTextResponse
 from starlette.types import Scope
 
@@ -70,4 +72,15 @@ class HttpAdmission:
             granted = ", ".join(sorted(identity.profiles)) or "none"
             return PlainTextResponse(f"profile not granted; granted: {granted}\n", 403)
         scope.setdefault("state", {})["toolbus"] = (identity, asked, credential or "")
+        # SPEC M4, S2, A7: the SDK binds an MCP session to the principal that opened it
+        # (``scope["user"]``); another principal's requests naming it are answered as
+        # for an unknown session id. The credential itself is not kept there.
+        token = AccessToken(
+            token="",
+            client_id="toolbus",
+            scopes=[],
+            subject=identity.user,
+            claims=None if identity.tenant is None else {"iss": identity.tenant},
+        )
+        scope["user"] = AuthenticatedUser(token)
         return None

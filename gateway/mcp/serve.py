@@ -43,7 +43,7 @@ from mcp.server.lowlevel import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.subscriptions import ListenHandler
 from mcp.server.transport_security import TransportSecuritySettings
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from catalog.exports import to_mcp
 from catalog.model import Mode
@@ -191,11 +191,24 @@ class McpEndpoint:
         if refusal is not None:
             await refusal(scope, receive, send)
             return
-        if scope["method"] == "DELETE":  # the client ends its MCP session
+        if scope["method"] != "DELETE":
+            await self.manager.handle_request(scope, receive, send)
+            return
+        # The client ends its MCP session; forgotten here only once the SDK ended it (a
+        # DELETE naming another principal's session is refused 404: SPEC M4, A7).
+        status = 0
+
+        async def watched(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        await self.manager.handle_request(scope, receive, watched)
+        if status < 300:
             for key, value in scope["headers"]:
                 if key.lower() == b"mcp-session-id":
                     self.changes.forget(value.decode("latin-1"))
-        await self.manager.handle_request(scope, receive, send)
 
     # -- sessions -------------------------------------------------------------------------
 

@@ -149,6 +149,22 @@ async def _until_closed(ws: ClientConnection) -> list[str]:
         return kinds
 
 
+def test_config_mistake_from_the_environment_names_the_variable(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SPEC O4: a bad value set by an environment variable names the variable, not only
+    the file (which may not even hold the key)."""
+    config = tmp_path / "toolbus.yaml"
+    config.write_text("catalog: {tools: []}\n")
+    monkeypatch.setenv("TOOLBUS_SERVER__PORT", "abc")
+    assert main(["check", "--config", str(config)]) == 2
+    assert capsys.readouterr().err == (
+        f"{config}: 1 problem(s):\n"
+        "  server.port: Input should be a valid integer, unable to parse string as an "
+        "integer (from TOOLBUS_SERVER__PORT)\n"
+    )
+
+
 def test_config_mistakes_are_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """SPEC O4: a misspelt key in the config file is reported with the file and the key,
     not as a traceback; exit status 2."""

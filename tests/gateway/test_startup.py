@@ -292,7 +292,8 @@ def test_config_out_of_range_from_env_and_flags(
     assert main(["check"]) == 2
     assert capsys.readouterr().err == (
         "configuration: 1 problem(s):\n"
-        "  jobs.max_concurrent: Input should be greater than or equal to 1\n"
+        "  jobs.max_concurrent: Input should be greater than or equal to 1"
+        " (from TOOLBUS_JOBS__MAX_CONCURRENT)\n"
     )
     monkeypatch.delenv("TOOLBUS_JOBS__MAX_CONCURRENT")
     assert main(["serve", "--port", "-5", "--data-dir", str(tmp_path / "d")]) == 2

@@ -16,7 +16,7 @@ from gateway.config import DEMO_DIR
 from gateway.pg_link import redact
 from gateway.pg_schema import SCHEMA_VERSION
 from gateway.store_pg import PgStore
-from tests.pg_support import pg_url  # noqa: F401 (fixture)
+from tests.pg_support import pg_url, schema_url  # noqa: F401 (fixture)
 from tests.support import (
     CONVERT,
     ROOT,
@@ -128,6 +128,20 @@ def test_serve_refuses_a_database_schema_newer_than_the_code(
         f"toolbus: cannot start: store {redact(pg_url)}: database schema version "
         f"{SCHEMA_VERSION + 1} is newer than this toolbus's {SCHEMA_VERSION}; run the newer "
         f"toolbus, or point store.url at another database\n"
+    )
+
+
+def test_serve_with_a_missing_search_path_schema_names_it(tmp_path: Path) -> None:
+    """SPEC N1, O5: a store URL whose ``search_path`` schema does not exist (docs/deploy.md:
+    "the schema must exist") stops `serve` with one line saying so, not the SQL error."""
+    url = schema_url("tb_no_such_schema")
+    result = _serve_once(_config(tmp_path, url, "m"))
+    assert "Traceback" not in result.stderr
+    assert result.returncode == 1
+    assert result.stderr == (
+        f"toolbus: cannot start: store {redact(url)}: no schema of its search_path "
+        f"(tb_no_such_schema) exists; create it first (CREATE SCHEMA ...) or fix "
+        f"options=-csearch_path in store.url\n"
     )
 
 

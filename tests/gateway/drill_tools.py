@@ -1,0 +1,179 @@
+"""Handlers, catalog and node launcher for the failure drills (SPEC N4, N6;
+tests/gateway/test_nodes_drills.py, bench/nodes.py).
+
+Every handler appends its call id to ``<dir>/runs`` (one ``write`` of one line, with
+``O_APPEND``: lines from several node processes never mix), so the drill counts how
+often each call really ran, on whichever node. :func:`held` then waits until the drill
+creates ``<dir>/go``; :func:`counted` returns at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import signal
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gateway.context import ToolContext
+from tests.support import spawn_serve, write_token_file
+
+START = 60.0
+"""Seconds a ``toolbus serve`` may take to start (imports take seconds on a loaded machine)."""
+
+HOLD = 60.0
+"""Seconds :func:`held` waits for the go file before it fails."""
+
+TOOLS_YAML = """
+tools:
+  - name: held_job
+    description: Counts its run, then waits for the drill's go file.
+    capability: t.drill
+    mode: async
+    handler: tests.gateway.drill_tools:held
+    dispatch_message: Working on it.
+    parameters: &dir
+      type: object
+      properties:
+        dir: {type: string}
+      required: [dir]
+      additionalProperties: false
+  - name: held_idem
+    description: The same, marked idempotent (SPEC J5 re-runs it after a node died).
+    capability: t.drill
+    mode: async
+    idempotent: true
+    handler: tests.gateway.drill_tools:held
+    dispatch_message: Working on it.
+    parameters: *dir
+  - name: quick_job
+    description: Counts its run and ends.
+    capability: t.drill
+    mode: async
+    handler: tests.gateway.drill_tools:counted
+    dispatch_message: Working on it.
+    parameters: *dir
+  - name: count_call
+    description: Counts its run and answers.
+    capability: t.drill
+    handler: tests.gateway.drill_tools:counted
+    parameters: *dir
+"""
+
+PROFILES_YAML = """
+profiles:
+  demo:
+    capabilities: [t.drill]
+"""
+
+
+def _note(folder: Path, call_id: str) -> None:
+    with (folder / "runs").open("a") as runs:
+        runs.write(call_id + "\n")
+
+
+def counted(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+    """Append the call id to ``runs`` and return ``{"summary": call_id}``."""
+    _note(Path(params["dir"]), ctx.call_id)
+    return {"summary": ctx.call_id}
+
+
+def held(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+    """Append the call id to ``runs``, wait for ``go`` (at most :data:`HOLD` s), return.
+
+    Raises:
+        TimeoutError: no ``go`` file within :data:`HOLD` seconds.
+    """
+    folder = Path(params["dir"])
+    _note(folder, ctx.call_id)
+    deadline = time.monotonic() + HOLD
+    while not (folder / "go").exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError("no go file")
+        time.sleep(0.02)
+    return {"summary": ctx.call_id}
+
+
+def runs(folder: Path) -> collections.Counter[str]:
+    """How many times each call id's handler started, over every node."""
+    path = folder / "runs"
+    return collections.Counter(path.read_text().split() if path.exists() else [])
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port
+
+
+class DrillNode:
+    """One ``toolbus serve`` on a fixed port (HAProxy names it), restartable, with a
+    generated node id (``host-pid-random``) so a restart is a new node."""
+
+    def __init__(self, folder: Path, url: str, name: str) -> None:
+        (folder / "tools.yaml").write_text(TOOLS_YAML)
+        (folder / "profiles.yaml").write_text(PROFILES_YAML)
+        self.name = name
+        self.port = free_port()
+        self.config = folder / f"{name}.yaml"
+        config = {
+            "data_dir": str(folder / f"data-{name}"),
+            "server": {"port": self.port, "heartbeat_interval": 0, "drain_retry_after": 0.1},
+            "auth": {"token_file": str(write_token_file(folder))},
+            "catalog": {
+                "tools": [str(folder / "tools.yaml")],
+                "profiles": [str(folder / "profiles.yaml")],
+                "hot_reload": False,
+            },
+            "store": {"url": url},
+            "nodes": {"lease_interval": 0.2, "lease_ttl": 1.0},
+            # 50 sessions of one user, calling without pause, each with a job running:
+            # the per-user limits are not what the drills measure.
+            "limits": {
+                "invoke_rate": 1e6,
+                "invoke_burst": 1_000_000,
+                "max_sessions_per_user": 1000,
+            },
+            "jobs": {"max_per_user": 200, "worker_threads": 80, "threads_per_user": 80},
+            "calls": {"threads_per_user": 32},
+        }
+        self.config.write_text(yaml.safe_dump(config))
+        self.proc: asyncio.subprocess.Process | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def node_prefix(self) -> str:
+        """The start of this process's generated node id (``host-pid-``)."""
+        assert self.proc is not None
+        return f"{socket.gethostname()}-{self.proc.pid}-"
+
+    async def start(self) -> None:
+        """Start the process and wait for its banner (at most :data:`START` s)."""
+        self.proc = await spawn_serve("--config", str(self.config))
+        assert self.proc.stdout is not None
+        async with asyncio.timeout(START):
+            banner = (await self.proc.stdout.readline()).decode()
+        assert banner.startswith(f"toolbus serving on ws://{self.address}/"), banner
+
+    async def stop(self, wait: float = 30.0) -> int:
+        """SIGTERM (a drain, SPEC S4) unless it already ended; its exit status."""
+        assert self.proc is not None
+        if self.proc.returncode is None:
+            self.proc.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(wait):
+            return await self.proc.wait()
+
+    async def kill(self) -> None:
+        """SIGKILL, and wait until the process is gone."""
+        assert self.proc is not None
+        self.proc.kill()
+        await self.proc.wait()
