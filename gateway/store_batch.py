@@ -13,7 +13,7 @@ import sqlite3
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.store_rows import LedgerRow, ledger_values
+from gateway.store_rows import LedgerRow, anything_staged, ledger_values
 
 
 @dataclass(slots=True)
@@ -38,18 +38,7 @@ class SqliteBatch:
     @property
     def dirty(self) -> bool:
         """Whether anything is staged."""
-        return bool(
-            self.events
-            or self.sessions
-            or self.seqs
-            or self.calls
-            or self.jobs
-            or self.forget
-            or self.ledger
-            or self.ledger_before is not None
-            or self.deletes
-            or self.purge_before is not None
-        )
+        return anything_staged(self)
 
     def write(self, db: sqlite3.Connection) -> None:
         """Execute every staged write on ``db``, inside the caller's transaction.

@@ -15,7 +15,7 @@ from typing import Any
 
 import psycopg
 
-from gateway.store_rows import LedgerRow
+from gateway.store_rows import LedgerRow, anything_staged
 
 SESSION_COLS = (
     'session_id, token_hash, "user", tenant, profile, context, options, grants, last_seq, '
@@ -110,18 +110,7 @@ class PgBatch:
     @property
     def dirty(self) -> bool:
         """Whether anything is staged."""
-        return bool(
-            self.events
-            or self.sessions
-            or self.seqs
-            or self.calls
-            or self.jobs
-            or self.forget
-            or self.ledger
-            or self.deletes
-            or self.purged
-            or self.purge_before is not None
-        )
+        return anything_staged(self)
 
     def touched(self) -> set[str]:
         """Sessions whose rows, events or calls this batch writes (SPEC N2)."""

@@ -10,6 +10,7 @@ be stored raises :class:`BadValue` to that one caller (SPEC D6).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -224,3 +225,15 @@ def job_row(row: Iterable[Any]) -> JobRow:
         _load(result),
         _load(error),
     )
+
+
+def anything_staged(batch: Any) -> bool:
+    """Whether a staging dataclass (:class:`~gateway.store_batch.SqliteBatch`,
+    :class:`~gateway.store_pg_batch.PgBatch`) holds anything to commit: a non-empty
+    collection, or a bound (``purge_before``, ``ledger_before``) that is set (not ``None``).
+    Derived from the fields, so a field added later is never forgotten (SPEC D1, D6)."""
+    for item in dataclasses.fields(batch):
+        value = getattr(batch, item.name)
+        if value is not None and (not isinstance(value, list | dict) or value):
+            return True
+    return False

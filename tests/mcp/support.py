@@ -9,6 +9,7 @@ fails the tests that need it, with the command to run).
 from __future__ import annotations
 
 import asyncio
+import shutil
 import socket
 import sys
 from collections.abc import Callable
@@ -18,9 +19,9 @@ from typing import Any
 import yaml
 
 import toolbus
-from gateway.config import Settings
+from gateway.config import DEMO_DIR, Settings
 from gateway.server import Gateway
-from tests.support import WAIT, settings_for
+from tests.support import MS, WAIT, settings_for
 
 ROOT = Path(__file__).resolve().parents[2]
 FAULT_SERVER = Path(__file__).resolve().parent / "fault_server.py"
@@ -114,3 +115,20 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def reloading_catalog(tmp: Path) -> tuple[dict[str, Any], Path]:
+    """A copy of the demo catalog with hot reload every 10 ms; returns the catalog
+    section and the profiles file to change."""
+    folder = tmp / "catalog"
+    folder.mkdir()
+    shutil.copy(DEMO_DIR / "tools.yaml", folder / "tools.yaml")
+    profiles = folder / "profiles.yaml"
+    shutil.copy(DEMO_DIR / "profiles.yaml", profiles)
+    catalog = {
+        "tools": [folder / "tools.yaml"],
+        "profiles": [profiles],
+        "hot_reload": True,
+        "reload_interval": 10 * MS,
+    }
+    return catalog, profiles

@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import shutil
 import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -24,10 +23,10 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.subscriptions import ToolsListChanged
 
-from gateway.config import DEMO_DIR
 from gateway.demo import handlers
 from gateway.server import Gateway
 from tests.gateway.tools_for_tests import audit_records
+from tests.mcp.support import reloading_catalog
 from tests.support import CONVERT, MS, WAIT, peer, running, settings_for
 
 
@@ -289,17 +288,7 @@ async def test_cancelled_mcp_request_cancels_the_call(gateway: Gateway) -> None:
 async def test_catalog_change_sends_list_changed(tmp_path: Path) -> None:
     """SPEC M4, C3: a catalog change reaches a ``subscriptions/listen`` stream as
     ``tools/list_changed``; listing again shows the new catalog."""
-    folder = tmp_path / "catalog"
-    folder.mkdir()
-    shutil.copy(DEMO_DIR / "tools.yaml", folder / "tools.yaml")
-    profiles = folder / "profiles.yaml"
-    shutil.copy(DEMO_DIR / "profiles.yaml", profiles)
-    catalog = {
-        "tools": [folder / "tools.yaml"],
-        "profiles": [profiles],
-        "hot_reload": True,
-        "reload_interval": 10 * MS,
-    }
+    catalog, profiles = reloading_catalog(tmp_path)
     async with (
         asyncio.timeout(WAIT),
         running(settings_for(tmp_path, catalog=catalog)) as gateway,

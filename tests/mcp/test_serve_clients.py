@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import json
 import os
-import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -24,9 +23,9 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
-from gateway.config import DEMO_DIR
 from gateway.server import Gateway
-from tests.support import CONVERT, MS, WAIT, peer, running, settings_for
+from tests.mcp.support import reloading_catalog
+from tests.support import CONVERT, WAIT, peer, running, settings_for
 
 ROOT = Path(__file__).resolve().parents[2]
 INSPECTOR = ROOT / ".cache/mcp-inspector/node_modules/.bin/mcp-inspector"
@@ -65,23 +64,6 @@ async def handshake_client(
             yield c
 
 
-def _reloading_catalog(tmp: Path) -> tuple[dict[str, Any], Path]:
-    """A copy of the demo catalog with hot reload every 10 ms; returns the catalog
-    section and the profiles file to change."""
-    folder = tmp / "catalog"
-    folder.mkdir()
-    shutil.copy(DEMO_DIR / "tools.yaml", folder / "tools.yaml")
-    profiles = folder / "profiles.yaml"
-    shutil.copy(DEMO_DIR / "profiles.yaml", profiles)
-    catalog = {
-        "tools": [folder / "tools.yaml"],
-        "profiles": [profiles],
-        "hot_reload": True,
-        "reload_interval": 10 * MS,
-    }
-    return catalog, profiles
-
-
 def _drop_units_from_readonly(profiles: Path) -> None:
     stat = profiles.stat()
     profiles.write_text(
@@ -98,7 +80,7 @@ async def test_m4_list_changed_reaches_handshake_clients(tmp_path: Path) -> None
     handshake) is told ``tools.listChanged`` in the ``initialize`` answer and gets
     ``notifications/tools/list_changed`` on its standalone stream when the catalog
     changes; listing again shows the change. Ending the client (``DELETE``) forgets it."""
-    catalog, profiles = _reloading_catalog(tmp_path)
+    catalog, profiles = reloading_catalog(tmp_path)
     seen: list[Any] = []
     get_stream, changed = asyncio.Event(), asyncio.Event()
     async with (
