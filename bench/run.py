@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import clients as c
-from bench import mcp_mount, nodes, peers
+from bench import failover, mcp_mount, nodes, peers
 from bench.servers import raise_fd_limit
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -76,6 +76,8 @@ class Plan:
     p10_lead: float = 1.0
     p10_lone: int = 4
     p10_lone_lead: float = 0.3
+    p9_sessions: int = 30
+    p9_rounds: int = 5
 
 
 FULL = Plan()
@@ -111,6 +113,8 @@ QUICK = Plan(
     p10_rounds=2,
     p10_lead=0.5,
     p10_lone=1,
+    p9_sessions=9,
+    p9_rounds=1,
 )
 
 
@@ -598,10 +602,11 @@ def git_commit() -> str:
     return "unknown"
 
 
-WORKLOADS = ["P1", "P2", "P4", "P5", "P6", "P7", "P11", "M3", "P8", "P10"]
-FULL_ONLY = {"P8", "P10"}
+WORKLOADS = ["P1", "P2", "P4", "P5", "P6", "P7", "P11", "M3", "P8", "P9", "P10"]
+FULL_ONLY = {"P8", "P9", "P10"}
 """Workloads ``--quick`` leaves out unless ``--only`` names them: each starts servers on
-fresh PostgreSQL databases, which costs more than the ~10 s a quick run may add."""
+fresh PostgreSQL databases (P9: three nodes and HAProxy per phase), which costs more
+than the ~10 s a quick run may add."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -622,7 +627,7 @@ def main(argv: list[str] | None = None) -> int:
         "--only",
         default="",
         help="comma-separated workloads, e.g. P1,P6 (P2 includes P3, P11 includes P12); "
-        "with --quick, the full-only ones (P8, P10) run only when named here",
+        "with --quick, the full-only ones (P8, P9, P10) run only when named here",
     )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "latest.json")
     args = parser.parse_args(argv)
@@ -649,6 +654,7 @@ def main(argv: list[str] | None = None) -> int:
             "P11": lambda: bench.rows.extend(Row(**r) for r in peers.p11_p12(bench, servers)),
             "M3": lambda: bench.rows.append(Row(**mcp_mount.row(bench, servers))),
             "P8": lambda: bench.rows.extend(Row(**r) for r in nodes.p8(bench)),
+            "P9": lambda: bench.rows.extend(Row(**r) for r in failover.p9(bench)),
             "P10": lambda: bench.rows.extend(Row(**r) for r in nodes.p10(bench)),
         }
         for name in WORKLOADS:

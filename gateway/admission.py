@@ -91,6 +91,12 @@ class Admission:
                 self._resend(session, call_id)
             return None
         check = self.ledger.check(session, call_id, msg.tool, params)
+        if check.verdict is Verdict.RECORDED and self._own_still_running(session, call_id):
+            # SPEC I12, N3: this session's own call ended on another node, and its
+            # terminal event is on its way here (the inbox); delivering the ledger's
+            # copy too would end the call twice under two seqs.
+            self._refuse(session, msg, ErrorCode.DUPLICATE_CALL, "this call_id is still running")
+            return None
         if check.verdict is not Verdict.NEW:
             self._known(session, msg, check.verdict, check.outcome)
             return None
@@ -122,6 +128,12 @@ class Admission:
         elif verdict is Verdict.RECORDED and outcome is not None:
             deliver(session, msg.call_id, outcome)
         # ATTACHED: the running call's terminal event comes here when it ends.
+
+    @staticmethod
+    def _own_still_running(session: Session, call_id: str) -> bool:
+        """Whether the session's own record of ``call_id`` says it still runs."""
+        recorded = session.store.call(session.id, call_id)
+        return recorded is not None and recorded[0] != "done"
 
     def _resend(self, session: Session, call_id: str) -> None:
         # The terminal event may still be staged (finished this tick): commit it first,
@@ -162,9 +174,10 @@ class CallChecks:
         return True
 
     def lookup(self, call: Call) -> ToolDef | None:
-        """SPEC I1, C3: a tool absent from the session's catalog does not exist for it."""
-        tool = self.catalog.current.tools.get(call.tool_name)
-        if tool is not None and tool.name in call.session.catalog_names:
+        """SPEC I1, C3: a tool absent from the session's catalog does not exist for it;
+        the call ends ``unknown_tool``."""
+        tool = self.visible(call)
+        if tool is not None:
             return tool
         visible = call.session.catalog_names
         guidance = self.catalog.current.guidance.get(call.tool_name)
@@ -177,6 +190,11 @@ class CallChecks:
             guidance=guidance,
         )
         return None
+
+    def visible(self, call: Call) -> ToolDef | None:
+        """The call's tool when the session's catalog shows it now (SPEC I1, C3)."""
+        tool = self.catalog.current.tools.get(call.tool_name)
+        return tool if tool is not None and tool.name in call.session.catalog_names else None
 
     def admissible(self, call: Call, tool: ToolDef) -> bool:
         """SPEC I2 (gates re-checked now), I3 (route), I4 (parameters)."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 
 from catalog.model import ToolDef
-from gateway.approvals import Approvals, Settlement
+from gateway.approvals import Approval, Approvals, Settlement
 from gateway.call_end import Call, CallEnd
 from gateway.config import CallsConfig, LimitsConfig
 from gateway.metrics import Metrics
@@ -96,17 +96,34 @@ class ApprovalGate:
                 expires_at=approval.expires_at,
             )
         )
+        return await self.decided(call, tool, approval)
+
+    async def decided(self, call: Call, tool: ToolDef, approval: Approval) -> bool:
+        """SPEC A3-A6: wait for the decision on ``approval`` (opened here, or adopted from
+        a node that drained, SPEC N6), emit ``tool.resolved``, and end a declined call.
+
+        Returns:
+            ``True`` when the call may go on, ``False`` when it ended here (declined).
+
+        Raises:
+            asyncio.CancelledError: cancelled while waiting; the approval is settled
+                denied ``cancelled`` first, unless the call was handed to another node
+                (SPEC N6: it stays pending there).
+        """
+        session = call.session
         try:
             # F01: waiting decides nothing; only Approvals.settle does.
             outcome = await approval.wait()
         except asyncio.CancelledError:
+            if call.handed_off:
+                raise
             self.approvals.settle(
                 approval.approval_id, m.Resolution.DENIED, m.ResolutionReason.CANCELLED
             )
             assert approval.outcome is not None
-            self.resolved(call, approval.approval_id, tool, approval.outcome)
+            self.resolved(call, approval.approval_id, tool.name, approval.outcome)
             raise
-        self.resolved(call, approval.approval_id, tool, outcome)
+        self.resolved(call, approval.approval_id, tool.name, outcome)
         if outcome.resolution is m.Resolution.ALLOWED:
             if outcome.always:
                 session.grants.add(tool.name)
@@ -115,14 +132,14 @@ class ApprovalGate:
         self.declined(call, tool, outcome.reason)
         return False
 
-    def resolved(self, call: Call, approval_id: str, tool: ToolDef, outcome: Settlement) -> None:
+    def resolved(self, call: Call, approval_id: str, tool: str, outcome: Settlement) -> None:
         """SPEC A6: the resolution is an event in the log and part of the audit record."""
         session = call.session
         session.pending_approvals.discard(approval_id)
         call.approval_id = None
         # The recovery note no longer names the approval: it is settled (SPEC A3/A6: a
         # restart must not resolve it a second time).
-        note = encode_json({"tool": tool.name})
+        note = encode_json({"tool": tool})
         session.store.stage_call(session.id, call.call_id, "running", note)
         self.metrics.pending_approvals.dec()
         call.approval = {
@@ -137,7 +154,7 @@ class ApprovalGate:
             m.ToolResolved(
                 call_id=call.call_id,
                 approval_id=approval_id,
-                tool=tool.name,
+                tool=tool,
                 resolution=outcome.resolution,
                 reason=outcome.reason,
                 always=outcome.always,

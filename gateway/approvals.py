@@ -97,6 +97,38 @@ class Approvals:
         self.pending[approval.approval_id] = approval
         return approval
 
+    def release(self, approval_id: str) -> Approval | None:
+        """Stop holding a pending approval without settling it: its call moves to
+        another node, which :meth:`restore` s it there (SPEC N6). Returns it, or
+        ``None`` when it was not pending (settled meanwhile)."""
+        approval = self.pending.pop(approval_id, None)
+        if approval is not None and approval.timer is not None:
+            approval.timer.cancel()
+        return approval
+
+    def restore(
+        self,
+        approval_id: str,
+        session_id: str,
+        user: str,
+        call_id: str,
+        tool: str,
+        params: dict[str, Any],
+        expires_at: float,
+    ) -> Approval:
+        """Hold again an approval another node :meth:`release` d (SPEC N6): same id,
+        same ``expires_at`` (Unix seconds; one already past times out at once, A4)."""
+        approval = Approval(approval_id, session_id, user, call_id, tool, params, expires_at)
+        approval.timer = asyncio.get_running_loop().call_later(
+            max(0.0, expires_at - self._clock()),
+            self.settle,
+            approval_id,
+            Resolution.DENIED,
+            ResolutionReason.TIMEOUT,
+        )
+        self.pending[approval_id] = approval
+        return approval
+
     def confirm(
         self, session_id: str, user: str, approval_id: str, decision: Decision
     ) -> NotAcceptedReason | None:

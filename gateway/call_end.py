@@ -53,6 +53,9 @@ class Call:
     """The approval this call waits on, while it waits."""
     executing: bool = False
     """Its handler started: an expiring session no longer cancels it (SPEC I15)."""
+    handed_off: bool = False
+    """A draining node handed it, still waiting for approval, to another node (SPEC
+    N6): its task ends here without a terminal event; the other node sends it."""
 
 
 class CallEnd:

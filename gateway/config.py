@@ -66,7 +66,9 @@ class ServerConfig(_Section):
     be interrupted, to return: one that returns in time is reported as it ended (a job
     ``done``, a call its ``result``); past it, a job ends ``failed`` ``interrupted`` and
     the handler dies with the process (SPEC J6). Jobs still ``queued`` stay queued and
-    run after the restart. 0: no wait."""
+    run after the restart. A node among several (SPEC N6) gives every job and running
+    call, ``async def`` ones too, this long, after its clients moved on. Calls waiting
+    for approval never wait for it: they are handed off. 0: no wait."""
     max_socket_lifetime: float = Field(0.0, ge=0)
     """Seconds a socket may stay open; then it gets the drain's ``reconnect`` hint
     (``retry_after`` 0) and a 1012 close, and the client resumes, through the load

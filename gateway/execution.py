@@ -77,6 +77,21 @@ class Execution:
     async def prepare(self, call: Call, tool: ToolDef) -> tuple[ToolContext, CallInfo] | None:
         """SPEC I5, I6: the call's context, then the pre-hooks; ``None`` when a hook
         denied the call (it has ended ``denied_by_hook``)."""
+        ctx, info = self.context(call, tool)
+        deny = await run_pre(self.pre_hooks, info)
+        if deny is None:
+            return ctx, info
+        self.end.error(
+            call,
+            ErrorCode.DENIED_BY_HOOK,
+            deny.reason,
+            CallOutcome.DENIED_BY_HOOK,
+            reason_code=deny.reason_code,
+        )
+        return None
+
+    def context(self, call: Call, tool: ToolDef) -> tuple[ToolContext, CallInfo]:
+        """SPEC I5: the handler's context and the hooks' view of the call, as of now."""
         session = call.session
         ctx = ToolContext(
             session_id=session.id,
@@ -99,17 +114,7 @@ class Execution:
             call.params,
             ctx.context,
         )
-        deny = await run_pre(self.pre_hooks, info)
-        if deny is None:
-            return ctx, info
-        self.end.error(
-            call,
-            ErrorCode.DENIED_BY_HOOK,
-            deny.reason,
-            CallOutcome.DENIED_BY_HOOK,
-            reason_code=deny.reason_code,
-        )
-        return None
+        return ctx, info
 
     async def execute(self, call: Call, tool: ToolDef, ctx: ToolContext, info: CallInfo) -> None:
         """SPEC A7, I8, I9, I14: run the approved call to its terminal event."""
@@ -244,10 +249,8 @@ class Execution:
         self.end.finish(call, CallOutcome.OK, m.Result, result=result, replaced=replaced)
 
     def _run_timeout(self, tool: ToolDef) -> float | None:
-        if tool.long_running:
-            return None
         limit = self.calls.default_timeout if tool.timeout is None else tool.timeout
-        return limit or None
+        return None if tool.long_running else (limit or None)
 
     async def _timed(
         self, func: Any, params: dict[str, Any], ctx: ToolContext, limit: float | None

@@ -30,7 +30,7 @@ class JobDrain:
         self.draining = False
         """``True`` once a drain started: the runner starts no new job (SPEC S4, J6)."""
 
-    async def run(self, deadline: float | None = None) -> None:
+    async def run(self, deadline: float | None = None, patient: bool = False) -> None:
         """Stop for a drain (SPEC S4, J5, J6); every job ends as what really happened.
 
         Nothing new starts. A job still ``queued`` stays queued in the store and runs
@@ -39,24 +39,30 @@ class JobDrain:
         thread cannot interrupt, gets until ``deadline`` (event-loop time; ``None``: no
         wait) to return, and then ends as it returned (``done``, ``failed``); one still
         running past it ends ``failed`` ``interrupted`` and dies with the process.
+
+        ``patient``: coroutine handlers get until ``deadline`` too (SPEC N6: a node
+        drained in a rolling restart lets every job end as it would have, since its
+        clients already resumed on other nodes and get the outcome there, N3).
         """
         self.draining = True
         running = [job for job in self._active.values() if job.task is not None]
-        threaded = [j for j in running if j.in_thread and j.row.state == m.JobState.RUNNING]
+        waited = [
+            j for j in running if (patient or j.in_thread) and j.row.state == m.JobState.RUNNING
+        ]
         for job in running:
-            if job not in threaded:
+            if job not in waited:
                 job.interrupted = True
                 job.task.cancel()  # type: ignore[union-attr]
         loop = asyncio.get_running_loop()
         grace = 0.0 if deadline is None else deadline - loop.time()
-        if threaded and grace > 0:
+        if waited and grace > 0:
             logger.info(
-                "drain: waiting up to %.1f s for %d job handler(s) in worker threads",
+                "drain: waiting up to %.1f s for %d running job handler(s)",
                 grace,
-                len(threaded),
+                len(waited),
             )
-            await asyncio.wait([j.task for j in threaded if j.task is not None], timeout=grace)
-        for job in threaded:
+            await asyncio.wait([j.task for j in waited if j.task is not None], timeout=grace)
+        for job in waited:
             if job.task is not None and not job.task.done():
                 logger.warning(
                     "drain: job %s (%s) still running after the grace; reported interrupted",

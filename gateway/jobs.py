@@ -299,6 +299,6 @@ class JobRunner:
         job.task.cancel()
         return job.task
 
-    async def shutdown(self, deadline: float | None = None) -> None:
-        """Stop for a drain (SPEC S4, J5, J6): :meth:`gateway.job_drain.JobDrain.run`."""
-        await self._drain.run(deadline)
+    async def shutdown(self, deadline: float | None = None, patient: bool = False) -> None:
+        """Stop for a drain (SPEC S4, J5, J6, N6): :meth:`gateway.job_drain.JobDrain.run`."""
+        await self._drain.run(deadline, patient)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Final
@@ -158,17 +158,25 @@ class CallLedger:
         self._store.stage_ledger(row)
         return [s for s in live.waiters.values() if not s.ended]
 
+    def ended(self, session: Session, call_id: str) -> bool:
+        """Whether the store records the call's terminal event (state ``done``)."""
+        row = self._store.ledger(*principal_key(session, call_id))
+        return row is not None and row.state == "done"
+
     def forget(self, session: Session) -> None:
         """``session`` ended: it waits for nothing any more."""
         for live in self._live.values():
             live.waiters.pop(session.id, None)
 
-    def recover(self, rows: list[LedgerRow] | None = None) -> int:
+    def recover(
+        self, rows: list[LedgerRow] | None = None, keep: Collection[Key] = frozenset()
+    ) -> int:
         """At start: every call still ``running`` in the store was cut off by a crash or
         restart; it ends ``cancelled`` (SPEC I12, I15) and never runs again. Returns how
         many there were. ``rows``: only these (a dead node's, SPEC N4); default: every
-        running row."""
+        running row. ``keep``: keys of calls adopted here, which run on (SPEC N6)."""
         rows = self._store.running_ledger() if rows is None else rows
+        rows = [r for r in rows if (r.tenant, r.user, r.call_id) not in keep]
         for row in rows:
             self._interrupt(row)
         if rows:

@@ -77,6 +77,13 @@ class Metrics:
             ["lane", "state"],
             registry=r,
         )
+        self.handoffs = Counter(
+            "toolbus_call_handoffs_total",
+            "Calls pending approval a drain handed to another node, by side "
+            "(released here, adopted here; SPEC N6)",
+            ["side"],
+            registry=r,
+        )
         self.loop_stalls = Counter(
             "toolbus_loop_stalls_total",
             "Times the event loop did not turn for longer than the watchdog threshold, "

@@ -38,7 +38,8 @@ class NodeClaim:
         outbox: flushed before take-overs (they need nothing staged).
         catalog: profiles of the sessions settled here.
         bucket: a session's invoke token bucket (SPEC E2).
-        take: makes this node a session's owner (:meth:`gateway.nodes.Node.take`).
+        take: makes this node a session's owner if the named node still holds it
+            (:meth:`gateway.nodes.Node.take`).
     """
 
     def __init__(
@@ -50,7 +51,7 @@ class NodeClaim:
         outbox: Outbox,
         catalog: CatalogState,
         bucket: Callable[[], TokenBucket],
-        take: Callable[[str], Session | None],
+        take: Callable[[str, str], Session | None],
     ) -> None:
         self.id = node_id
         self._store = store
@@ -117,7 +118,8 @@ class NodeClaim:
         self._outbox.flush()  # take-overs need nothing staged
         sessions = work.sessions_held_by(dead)
         for session_id in sessions:
-            self._take(session_id)
+            # A client that already resumed on a live node keeps its session there.
+            self._take(session_id, dead)
         calls, jobs = work.running_calls_of(dead), work.unfinished_jobs_of(dead)
         named = {sid for sid, _, _ in calls} | {row.session_id for row in jobs}
         elsewhere = self._detached(named - set(self._sessions.sessions))

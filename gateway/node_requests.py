@@ -24,6 +24,7 @@ from gateway.pg_fence import CHANNEL
 from gateway.pipeline import Pipeline
 from gateway.store import StoreUnavailable
 from gateway.store_pg import PgStore
+from protocol.codec import encode_json
 from protocol.messages import Decision
 
 logger = logging.getLogger("gateway.nodes")
@@ -68,10 +69,15 @@ class NodeRequests:
         Raises:
             StoreUnavailable: the store cannot be read now.
         """
+        # The call's note (gateway.approval_gate, gateway.handoff) is searched as bytes,
+        # not cast to json: PostgreSQL's json refuses a NUL escape (\u0000), which a
+        # tool name may hold. Inside a JSON string a quote is escaped, so the key and
+        # value below can only match the note's own "approval_id" member.
+        named = encode_json({"approval_id": approval_id})[1:-1]
         rows = self._store.link.read(
             "SELECT 1 FROM calls WHERE session_id=%s AND state='running' AND "
-            "(call_id=%s OR convert_from(body, 'UTF8')::json->>'approval_id'=%s) LIMIT 1",
-            (session_id, (call_id or "").encode("utf-8", "surrogatepass"), approval_id),
+            "(call_id=%s OR position(%s::bytea in body) > 0) LIMIT 1",
+            (session_id, (call_id or "").encode("utf-8", "surrogatepass"), named),
         )
         return bool(rows)
 

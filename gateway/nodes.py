@@ -232,17 +232,18 @@ class Node:
             return None
         return Resumable(session_id, row.user, row.tenant, row.profile, row.floor_seq, row.last_seq)
 
-    def take(self, session_id: str) -> Session | None:
+    def take(self, session_id: str, only_from: str | None = None) -> Session | None:
         """Make this node the owner of a stored session and return it, in memory and
         parked (the caller attaches and replays it). Call with nothing staged.
+        ``only_from``: only if that node holds it now (a dead node's claim, SPEC N4).
 
         Returns:
-            ``None`` when the store has no such session.
+            ``None`` when the store has no such session (or ``only_from`` lost it).
 
         Raises:
             StoreUnavailable: the store cannot do it now; nothing changed.
         """
-        got = self._store.take_over(session_id)
+        got = self._store.take_over(session_id, only_from)
         local = self._sessions.get(session_id)
         if got is None:
             return None

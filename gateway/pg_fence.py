@@ -89,13 +89,19 @@ class Fence:
         self.consumed_rows[row_id] = (session_id, seq)
 
     def take_over(
-        self, db: psycopg.Connection[tuple[Any, ...]], session_id: str
+        self,
+        db: psycopg.Connection[tuple[Any, ...]],
+        session_id: str,
+        only_from: str | None = None,
     ) -> TakeOver | None:
         """Make this node the owner of ``session_id`` (SPEC N2), in one transaction: the
         row is locked, its epoch raised (the new token), the previous owner notified.
+        ``only_from``: take it only from that node (a dead node's claim, SPEC N4: a
+        session its client already resumed on a live node stays there).
 
         Returns:
-            ``None`` when no such session is stored, else what the take-over found.
+            ``None`` when no such session is stored (or ``only_from`` no longer owns
+            it), else what the take-over found.
 
         Raises:
             psycopg.Error: the database refused (the caller maps it, SPEC D6).
@@ -105,7 +111,7 @@ class Fence:
                 "SELECT owner_node, owner_epoch FROM sessions WHERE session_id=%s FOR UPDATE",
                 (session_id,),
             ).fetchone()
-            if row is None:
+            if row is None or (only_from is not None and row[0] != only_from):
                 return None
             previous, old_epoch = row
             db.execute(

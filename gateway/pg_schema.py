@@ -96,6 +96,9 @@ in SQLite must bind here too)."""
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 """The newest version this code knows."""
 
+MIGRATION_WAIT_S = 60
+"""Seconds a start may wait for another node's migration, or take for its own (SPEC N1)."""
+
 _LOCK_KEY = 0x746F6F6C627573  # "toolbus": one migration at a time across nodes
 _TABLE = (
     "CREATE TABLE IF NOT EXISTS toolbus_schema ("
@@ -124,6 +127,10 @@ def migrate(db: psycopg.Connection[tuple[Any, ...]], where: str) -> list[int]:
     """
     applied: list[int] = []
     with db.transaction():
+        # Nodes started together wait for the one that migrates (the connection's short
+        # lock_timeout is for serving, SPEC D6), up to MIGRATION_WAIT_S.
+        db.execute(f"SET LOCAL lock_timeout = '{MIGRATION_WAIT_S}s'")
+        db.execute(f"SET LOCAL statement_timeout = '{MIGRATION_WAIT_S}s'")
         db.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
         db.execute(_TABLE)
         row = db.execute("SELECT max(version) FROM toolbus_schema").fetchone()

@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 
 from gateway.admission import Admission, CallChecks
 from gateway.approval_gate import ApprovalGate
+from gateway.approvals import Approval
 from gateway.call_end import PASS_THROUGH, Call, CallEnd
 from gateway.execution import Execution
 from gateway.ledger import CallLedger
@@ -73,7 +75,13 @@ class Pipeline:
         call = self.admission.admit(session, msg)
         if call is None:
             return
-        task = asyncio.get_running_loop().create_task(self.run(call, msg.catalog_version))
+        self.track(call, lambda: self._steps(call, msg.catalog_version))
+
+    def track(self, call: Call, steps: Callable[[], Awaitable[None]]) -> None:
+        """Run ``steps()`` (the call's pipeline, or what is left of it) as the call's task,
+        through :meth:`run`, tracked per session until it ends (SPEC I8, F33)."""
+        session = call.session
+        task = asyncio.get_running_loop().create_task(self.run(call, steps))
         session.inflight[call.call_id] = task
         self._call_state[(session.id, call.call_id)] = call
         task.add_done_callback(lambda done: self._reap(call, done))
@@ -84,7 +92,7 @@ class Pipeline:
         or ``bye`` in one batch of frames. The call still ends ``cancelled`` (SPEC I8,
         I16; a no-op when it already ended) and its per-session state is freed (F33)."""
         session = call.session
-        if task.cancelled():
+        if task.cancelled() and not call.handed_off:
             text = "the call was cancelled"
             self.end.error(call, ErrorCode.CANCELLED, text, CallOutcome.CANCELLED)
         if session.inflight.get(call.call_id) is task:
@@ -121,6 +129,10 @@ class Pipeline:
         call = self._call_state.get((session_id, call_id))
         return call is not None and self.cancel(call.session, call_id)
 
+    def in_flight(self) -> list[Call]:
+        """Every call in flight here, of live, parked and expired sessions."""
+        return list(self._call_state.values())
+
     def tasks(self) -> list[asyncio.Task[None]]:
         """The task of every call in flight, of live, parked and expired sessions."""
         found = (c.session.inflight.get(c.call_id) for c in self._call_state.values())
@@ -138,15 +150,17 @@ class Pipeline:
             if not (expired and call is not None and call.executing):
                 self.cancel(session, call_id)
 
-    async def run(self, call: Call, catalog_version: str | None) -> None:
-        """Run one call to its single terminal event (SPEC I1-I14)."""
+    async def run(self, call: Call, steps: Callable[[], Awaitable[None]]) -> None:
+        """Run one call's ``steps()`` to its single terminal event (SPEC I1-I14, I16)."""
         session = call.session
         try:
-            await self._steps(call, catalog_version)
+            await steps()
         except asyncio.CancelledError:
-            # SPEC I8: the call ends ``cancelled`` and the cancellation propagates.
-            text = "the call was cancelled"
-            self.end.error(call, ErrorCode.CANCELLED, text, CallOutcome.CANCELLED)
+            # SPEC I8: the call ends ``cancelled`` and the cancellation propagates; a call
+            # handed to another node (SPEC N6) ends there, not here.
+            if not call.handed_off:
+                text = "the call was cancelled"
+                self.end.error(call, ErrorCode.CANCELLED, text, CallOutcome.CANCELLED)
             raise
         except PASS_THROUGH:
             raise
@@ -173,5 +187,27 @@ class Pipeline:
         if prepared is None:
             return
         if not await self.gate.approved(call, tool):
+            return
+        await self.execution.execute(call, tool, *prepared)
+
+    async def resume(self, call: Call, approval: Approval) -> None:
+        """The steps left to a call adopted while it waited for ``approval`` (SPEC N6,
+        :mod:`gateway.handoff`): its checks and pre-hooks passed on the node that took it
+        in; the wait, the A7 re-check and the handler run here. A tool that left the
+        session's catalog since resolves the approval ``cancelled`` (A6) and ends the
+        call ``unknown_tool`` (I1)."""
+        tool = self.checks.visible(call)
+        if tool is None:
+            approvals = self.gate.approvals
+            approvals.settle(
+                approval.approval_id, m.Resolution.DENIED, m.ResolutionReason.CANCELLED
+            )
+            assert approval.outcome is not None
+            self.gate.resolved(call, approval.approval_id, call.tool_name, approval.outcome)
+            self.checks.lookup(call)
+            return
+        call.tool = tool
+        prepared = self.execution.context(call, tool)
+        if not await self.gate.decided(call, tool, approval):
             return
         await self.execution.execute(call, tool, *prepared)

@@ -12,15 +12,17 @@ settled by :meth:`Recovery.settle_mounted` once their servers answered (SPEC J5,
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from catalog.model import ToolDef
 from gateway.authority import Authority
 from gateway.catalog_state import CatalogState
 from gateway.context import ToolContext
+from gateway.handoff import Handoff
 from gateway.job_recovery import JobRecovery
 from gateway.jobs import PostProcess
+from gateway.ledger import Key, principal_key
 from gateway.mcp.mounts import McpMounts
 from gateway.outbox import Outbox
 from gateway.pipeline import Pipeline
@@ -46,6 +48,7 @@ class Recovery:
         authority: gates a re-run job at its handler's start (SPEC A7).
         outbox: commits what recovery staged (SPEC D6: holds and retries if it cannot).
         mounts: the mounted MCP servers that may bring a stored job's tool (SPEC M2).
+        handoff: adopts the calls a drained node handed off (SPEC N6).
         clock: Unix time in seconds.
     """
 
@@ -60,6 +63,7 @@ class Recovery:
         authority: Authority,
         outbox: Outbox,
         mounts: McpMounts,
+        handoff: Handoff,
         clock: Callable[[], float],
     ) -> None:
         self._store = store
@@ -71,6 +75,7 @@ class Recovery:
         self._authority = authority
         self._outbox = outbox
         self._mounts = mounts
+        self._handoff = handoff
         self._clock = clock
 
     def run(self) -> list[JobRow]:
@@ -89,11 +94,9 @@ class Recovery:
             profile = self._catalog.current.profile(row.profile)
             session = sessions.adopt(row, profile, self._bucket(), now)
             session.catalog_names = self._catalog.view(session)[2]
-        for session_id, call_id, note in self._store.running_calls():
-            note_dict = decode_json(note) if note else {}
-            self._interrupt_call(session_id, call_id, note_dict, sessions.get(session_id))
+        adopted = self._settle_calls(self._store.running_calls(), sessions.sessions)
         # SPEC I15: a call id cut off here never runs again, from any session.
-        self._pipeline.ledger.recover()
+        self._pipeline.ledger.recover(keep=adopted)
         count, held = self._jobs.settle(
             sessions.sessions,
             lambda row: self._rerun_plan(row, sessions.get(row.session_id)),
@@ -119,10 +122,8 @@ class Recovery:
         held by live nodes (:meth:`SessionTable.detached`: their events are forwarded).
         Returns the jobs found."""
         sessions = {**elsewhere, **self._sessions.sessions}
-        for session_id, call_id, note in calls:
-            note_dict = decode_json(note) if note else {}
-            self._interrupt_call(session_id, call_id, note_dict, sessions.get(session_id))
-        self._pipeline.ledger.recover(ledger)
+        adopted = self._settle_calls(calls, sessions)
+        self._pipeline.ledger.recover(ledger, keep=adopted)
         count, _ = self._jobs.settle(
             sessions, lambda row: self._rerun_plan(row, sessions.get(row.session_id)), rows=jobs
         )
@@ -140,6 +141,28 @@ class Recovery:
         self._jobs.settle(
             table.sessions, lambda row: self._rerun_plan(row, table.get(row.session_id)), rows=held
         )
+
+    def _settle_calls(
+        self, calls: list[tuple[str, str, bytes | None]], sessions: Mapping[str, Session]
+    ) -> set[Key]:
+        """Calls a restart or a dead node cut off end ``cancelled`` (SPEC I12, A4), unless
+        their ledger row says they ended (N3: their end waits in an inbox); those a
+        drained node handed off while pending approval are adopted here and run on
+        (SPEC N6, :mod:`gateway.handoff`). Returns the ledger keys of the adopted ones."""
+        adopted: set[Key] = set()
+        for session_id, call_id, note in calls:
+            note_dict = decode_json(note) if note else {}
+            session = sessions.get(session_id)
+            if session is not None and self._pipeline.ledger.ended(session, call_id):
+                # SPEC I12, N3: it ended on a node that no longer held its session (its
+                # write of this row was fenced); the terminal event waits in the new
+                # owner's inbox, or was delivered. Ending it again would end it twice.
+                continue
+            if session is not None and self._handoff.adopt(session, call_id, note_dict):
+                adopted.add(principal_key(session, call_id))
+            else:
+                self._interrupt_call(session_id, call_id, note_dict, session)
+        return adopted
 
     def _interrupt_call(
         self, session_id: str, call_id: str, note: dict[str, str], session: Session | None

@@ -152,8 +152,13 @@ class Gateway:
         return f"ws://{self.settings.server.host}:{self.port}/"
 
     async def drain(self) -> None:
-        """Graceful stop (SPEC S4): ``reconnect`` + 1012 to every socket, state durable.
-        Calling it again, or before :meth:`start`, does nothing."""
+        """Graceful stop (SPEC S4, N6): ``reconnect`` + 1012 to every socket, state durable.
+        Calls waiting for approval are handed off (:mod:`gateway.handoff`): the next
+        start, or the node that claims this one's work, adopts them. Alone, the node
+        lets handlers end (up to ``server.drain_grace``, J6), then closes the sockets;
+        as one of several nodes it closes them first, so that clients resume elsewhere
+        at once, and then lets its jobs and calls end (N6). Calling it again, or before
+        :meth:`start`, does nothing."""
         parts = self.parts
         self.ready = False
         if self.server is None or self._drained:
@@ -162,19 +167,29 @@ class Gateway:
         parts.status.draining = True
         self.server.close(close_connections=False)
         parts.loops.stop()
-        # SPEC J6: plain handlers cannot be interrupted; jobs and sync calls whose
-        # handler runs in a thread get until the deadline to end as they really end.
         deadline = asyncio.get_running_loop().time() + self.settings.server.drain_grace
-        await self.jobs.shutdown(deadline)
-        await self.workers.calls.wait_live(deadline)
-        # Every socket, with a session or still before hello, gets the hint behind what
-        # is already queued for it, then 1012. A hello arriving now is turned away the
-        # same way (ConnectionHandler._handshake checks `draining`).
-        self.outbox.flush()
-        hint = encode(
-            m.Reconnect(reason="server restart", retry_after=self.settings.server.drain_retry_after)
-        )
-        await parts.sockets.restart_all(hint)
+        if parts.node is None:
+            # SPEC A4, D3: a call waiting for approval has not run; the next start adopts
+            # it (gateway.handoff), pending under the same id, as a reconnect keeps it.
+            # SPEC J6: plain handlers cannot be interrupted; jobs and sync calls whose
+            # handler runs in a thread get until the deadline to end as they really end.
+            await parts.handoff.release()
+            await self.jobs.shutdown(deadline)
+            await self.workers.calls.wait_live(deadline)
+            await self._restart_sockets()
+        else:
+            # SPEC N6: other nodes share the store, so the sessions move first: each client
+            # resumes on another node at once. A call waiting for approval has not run:
+            # it is handed to the node that claims this one's work (gateway.handoff),
+            # stored before any client can move (a moved session's rows are fenced).
+            # Jobs and running calls get until the deadline to end; their outcomes reach
+            # the clients where they are (the inbox, N3).
+            await parts.handoff.release()
+            await self._restart_sockets()
+            await asyncio.gather(
+                self.jobs.shutdown(deadline, patient=True), parts.handoff.drain(deadline)
+            )
+            self.outbox.flush()
         parts.mcp_http.shutdown()
         await self.server.wait_closed()
         self.outbox.close()
@@ -191,6 +206,17 @@ class Gateway:
         await self.mcp.stop()
         self.workers.close()
         self.watchdog.stop()
+
+    async def _restart_sockets(self) -> None:
+        """Every socket, with a session or still before hello, gets the ``reconnect``
+        hint behind what is already queued for it, then 1012 (SPEC S4). A hello arriving
+        now is turned away the same way (ConnectionHandler._handshake checks
+        ``draining``)."""
+        self.outbox.flush()
+        hint = encode(
+            m.Reconnect(reason="server restart", retry_after=self.settings.server.drain_retry_after)
+        )
+        await self.parts.sockets.restart_all(hint)
 
     async def __aenter__(self) -> Gateway:
         await self.start()

@@ -174,10 +174,13 @@ class PgStore:
         if fence is not None:
             fence.committed(fenced, deleted)
 
-    def take_over(self, session_id: str) -> tuple[SessionRow, TakeOver] | None:
+    def take_over(
+        self, session_id: str, only_from: str | None = None
+    ) -> tuple[SessionRow, TakeOver] | None:
         """Make this node the session's owner (SPEC N2; :meth:`Fence.take_over`) and read
         its row after, ``last_seq`` being the highest stored ``seq``. ``None``: no such
-        session. Call it with nothing staged (the outbox flushed).
+        session (or, with ``only_from``, another node than that one holds it). Call it
+        with nothing staged (the outbox flushed).
 
         Raises:
             StoreUnavailable: it could not be done now; nothing changed.
@@ -188,7 +191,7 @@ class PgStore:
             return None
         db = self.link.conn()
         try:
-            took = fence.take_over(db, session_id)
+            took = fence.take_over(db, session_id, only_from)
             rows = db.execute(_SELECT_SESSIONS + " WHERE s.session_id=%s", (session_id,)).fetchall()
         except psycopg.Error as exc:
             raise self.link.failed(exc, "take over") from exc

@@ -32,6 +32,7 @@ from gateway.catalog_state import CatalogState
 from gateway.config import CallsConfig, LimitsConfig, ServerConfig, Settings
 from gateway.connection import ConnectionParts, bucket_factory
 from gateway.execution import Execution
+from gateway.handoff import Handoff
 from gateway.health import Health, Status
 from gateway.hello import SessionOpener
 from gateway.hooks import PostHook, PreHook
@@ -262,6 +263,7 @@ class GatewayParts:
     vetting: UpgradeVetting
     health: Health
     recovery: Recovery
+    handoff: Handoff
     loops: ServerLoops
     node: Node | None = None
     """This process as one node of several on a shared store (SPEC N2-N5); ``None`` on
@@ -406,6 +408,7 @@ def build_gateway(
 
         node.requests = NodeRequests(node.store, approvals, pipeline, jobs)
         connection_parts.requests.routes = node.requests
+    handoff = Handoff(pipeline, metrics, clock)
     recovery = Recovery(
         store,
         catalog,
@@ -416,6 +419,7 @@ def build_gateway(
         authority,
         outbox,
         mcp,
+        handoff,
         clock,
     )
     if node is not None:
@@ -449,6 +453,7 @@ def build_gateway(
         vetting=UpgradeVetting(origins, SideRoutes(health)),
         health=health,
         recovery=recovery,
+        handoff=handoff,
         loops=ServerLoops(
             settings, store, pipeline.ledger, catalog, authority, sessions, mcp_endpoint, clock
         ),

@@ -4,7 +4,8 @@ tests/gateway/test_nodes_drills.py, bench/nodes.py).
 Every handler appends its call id to ``<dir>/runs`` (one ``write`` of one line, with
 ``O_APPEND``: lines from several node processes never mix), so the drill counts how
 often each call really ran, on whichever node. :func:`held` then waits until the drill
-creates ``<dir>/go``; :func:`counted` returns at once.
+creates ``<dir>/go``; :func:`counted` returns at once. :class:`Seen` is a client's
+``on_message`` that counts lost events and duplicates.
 """
 
 from __future__ import annotations
@@ -14,12 +15,15 @@ import collections
 import signal
 import socket
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import BaseModel
 
 from gateway.context import ToolContext
+from protocol import messages as m
 from tests.support import spawn_serve, write_token_file
 
 START = 60.0
@@ -83,15 +87,17 @@ def counted(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
 
 
 def held(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
-    """Append the call id to ``runs``, wait for ``go`` (at most :data:`HOLD` s), return.
+    """Append the call id to ``runs``, wait for ``go`` or ``go-<call id>`` (at most
+    :data:`HOLD` s), return.
 
     Raises:
-        TimeoutError: no ``go`` file within :data:`HOLD` seconds.
+        TimeoutError: no go file within :data:`HOLD` seconds.
     """
     folder = Path(params["dir"])
     _note(folder, ctx.call_id)
     deadline = time.monotonic() + HOLD
-    while not (folder / "go").exists():
+    mine = folder / f"go-{ctx.call_id}"
+    while not ((folder / "go").exists() or mine.exists()):
         if time.monotonic() > deadline:
             raise TimeoutError("no go file")
         time.sleep(0.02)
@@ -104,6 +110,54 @@ def runs(folder: Path) -> collections.Counter[str]:
     return collections.Counter(path.read_text().split() if path.exists() else [])
 
 
+TERMINAL_CALL = (m.Result, m.Dispatched, m.CallError)
+TERMINAL_JOB = (m.JobDone, m.JobFailed, m.JobCancelled)
+
+
+@dataclass
+class Seen:
+    """What one client processed (after its own ``seq`` dedup), for the counts (SPEC D1,
+    D3, N4): pass it as ``on_message`` of ``toolbus.connect``."""
+
+    seqs: list[int] = field(default_factory=list)
+    calls: collections.Counter[str] = field(default_factory=collections.Counter)
+    jobs: collections.Counter[str] = field(default_factory=collections.Counter)
+    resolved: dict[str, list[m.ToolResolved]] = field(
+        default_factory=lambda: collections.defaultdict(list)
+    )
+
+    def __call__(self, msg: BaseModel) -> None:
+        seq = getattr(msg, "seq", None)
+        if not seq:
+            return
+        self.seqs.append(seq)
+        if isinstance(msg, TERMINAL_CALL):
+            self.calls[msg.call_id] += 1
+        elif isinstance(msg, TERMINAL_JOB):
+            self.jobs[msg.job_id] += 1
+        elif isinstance(msg, m.ToolResolved):
+            self.resolved[msg.call_id].append(msg)
+
+    def gaps(self) -> int:
+        """Seqs missing between 1 and the highest processed (events lost)."""
+        return max(self.seqs, default=0) - len(set(self.seqs))
+
+    def twice(self) -> list[str]:
+        """What :meth:`duplicates` counts, named (for a drill's record)."""
+        named = [f"seq {q}" for q, n in collections.Counter(self.seqs).items() if n > 1]
+        named += [f"call {k}" for k, n in self.calls.items() if n > 1]
+        named += [f"job {k}" for k, n in self.jobs.items() if n > 1]
+        named += [f"resolved {k}" for k, v in self.resolved.items() if len(v) > 1]
+        return named
+
+    def duplicates(self) -> int:
+        """Events processed twice: one seq twice, or one outcome under two seqs."""
+        again = len(self.seqs) - len(set(self.seqs))
+        settled = [*self.calls.values(), *self.jobs.values()]
+        settled += [len(v) for v in self.resolved.values()]
+        return again + sum(n - 1 for n in settled if n > 1)
+
+
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 right now."""
     with socket.socket() as probe:
@@ -114,9 +168,17 @@ def free_port() -> int:
 
 class DrillNode:
     """One ``toolbus serve`` on a fixed port (HAProxy names it), restartable, with a
-    generated node id (``host-pid-random``) so a restart is a new node."""
+    generated node id (``host-pid-random``) so a restart is a new node. ``overrides``
+    replaces keys of the configuration's sections, e.g. ``{"nodes": {"lease_ttl": 5.0}}``
+    (bench/failover.py runs the defaults)."""
 
-    def __init__(self, folder: Path, url: str, name: str) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        url: str,
+        name: str,
+        overrides: dict[str, dict[str, Any]] | None = None,
+    ) -> None:
         (folder / "tools.yaml").write_text(TOOLS_YAML)
         (folder / "profiles.yaml").write_text(PROFILES_YAML)
         self.name = name
@@ -143,6 +205,8 @@ class DrillNode:
             "jobs": {"max_per_user": 200, "worker_threads": 80, "threads_per_user": 80},
             "calls": {"threads_per_user": 32},
         }
+        for section, values in (overrides or {}).items():
+            config[section] = {**config.get(section, {}), **values}
         self.config.write_text(yaml.safe_dump(config))
         self.proc: asyncio.subprocess.Process | None = None
 

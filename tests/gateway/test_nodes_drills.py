@@ -14,19 +14,18 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
+import signal
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import psycopg
-from pydantic import BaseModel
 
 import toolbus
 from protocol import messages as m
-from tests.gateway.drill_tools import DrillNode, runs
+from tests.gateway.drill_tools import DrillNode, Seen, runs
 from tests.gateway.lb_tools import haproxy
 from tests.pg_support import pg_url  # noqa: F401 (fixture)
 from tests.support import WAIT
@@ -34,44 +33,8 @@ from tests.support import WAIT
 SESSIONS = 50
 DRILL = 25.0
 """Seconds one drill may take end to end on the project's loaded 2-core machine."""
-
-TERMINAL_CALL = (m.Result, m.Dispatched, m.CallError)
-TERMINAL_JOB = (m.JobDone, m.JobFailed, m.JobCancelled)
-
-
-@dataclass
-class Seen:
-    """What one client processed (after its own ``seq`` dedup), for the counts."""
-
-    seqs: list[int] = field(default_factory=list)
-    calls: collections.Counter[str] = field(default_factory=collections.Counter)
-    jobs: collections.Counter[str] = field(default_factory=collections.Counter)
-    resolved: dict[str, list[m.ToolResolved]] = field(
-        default_factory=lambda: collections.defaultdict(list)
-    )
-
-    def __call__(self, msg: BaseModel) -> None:
-        seq = getattr(msg, "seq", None)
-        if not seq:
-            return
-        self.seqs.append(seq)
-        if isinstance(msg, TERMINAL_CALL):
-            self.calls[msg.call_id] += 1
-        elif isinstance(msg, TERMINAL_JOB):
-            self.jobs[msg.job_id] += 1
-        elif isinstance(msg, m.ToolResolved):
-            self.resolved[msg.call_id].append(msg)
-
-    def gaps(self) -> int:
-        """Seqs missing between 1 and the highest processed (events lost)."""
-        return max(self.seqs, default=0) - len(set(self.seqs))
-
-    def duplicates(self) -> int:
-        """Events processed twice: one seq twice, or one outcome under two seqs."""
-        again = len(self.seqs) - len(set(self.seqs))
-        settled = [*self.calls.values(), *self.jobs.values()]
-        settled += [len(v) for v in self.resolved.values()]
-        return again + sum(n - 1 for n in settled if n > 1)
+ROLLING = 60.0
+"""Seconds the rolling restart may take end to end (three drains and three starts)."""
 
 
 def _client(front: str, seen: Seen, **options: Any) -> toolbus.Client:
@@ -221,6 +184,7 @@ async def test_n4_drill_kill9_one_of_three_nodes_behind_haproxy_loses_nothing(
         "sessions_on_killed_node": len(moved),
         "lost_events": sum(s.gaps() for s in seen) + missing_resolved,
         "duplicates_after_dedup": sum(s.duplicates() for s in seen),
+        "duplicated": [d for s in seen for d in s.twice()],
         "calls_not_run_exactly_as_expected": sum(
             1 for k in expected | ran if ran[k] != expected[k]
         ),
@@ -248,3 +212,141 @@ async def test_n4_drill_kill9_one_of_three_nodes_behind_haproxy_loses_nothing(
         - collections.Counter()
     )
     assert counts["drill_seconds"] < DRILL
+
+
+def _jobs_running_on(url: str, node_prefix: str) -> list[str]:
+    """The call ids of the jobs running on the node whose id starts with the prefix."""
+    with psycopg.connect(url, autocommit=True) as db:
+        rows = db.execute(
+            "SELECT call_id FROM jobs WHERE state='running' AND node_id LIKE %s",
+            (node_prefix + "%",),
+        ).fetchall()
+    return [str(r[0]) for r in rows]
+
+
+async def test_n6_drill_rolling_restart_of_three_nodes_behind_haproxy_no_client_visible_failure(
+    tmp_path: Path,
+    pg_url: str,  # noqa: F811
+) -> None:
+    """SPEC N6, S4, N3, J6, A3, I15: 50 sessions through HAProxy over 3 nodes, each with a
+    job running (every other one idempotent) and a call waiting for approval; the nodes
+    are drained (SIGTERM) and restarted one at a time. Each drained node's clients
+    resume through HAProxy on the other nodes at once; their pending approvals are
+    decided there (routed to the draining node, which runs the call) and its jobs end
+    during its drain: every outcome reaches the client on its new node. Counted: 0
+    client-visible failures (no call or job fails, every session resumes as itself),
+    0 events lost, 0 duplicates, every handler ran exactly once."""
+    began = time.monotonic()
+    rolls: list[dict[str, Any]] = []
+    async with _gateway(tmp_path, pg_url) as (nodes, front), AsyncExitStack() as stack:
+        folder = {"dir": str(tmp_path)}
+        seen = [Seen() for _ in range(SESSIONS)]
+        buses = [
+            await stack.enter_async_context(_client(front, s, confirm_tool_calls=True))
+            for s in seen
+        ]
+        handles: list[toolbus.JobHandle] = []
+        asks: dict[str, asyncio.Task[Any]] = {}
+        for i, bus in enumerate(buses):
+            tool = "held_idem" if i % 2 else "held_job"
+            job = asyncio.create_task(bus.invoke(tool, folder, call_id=f"s{i}-job"))
+            await until(lambda b=bus: len(b.pending_approvals) == 1, "the job's approval")
+            await bus.pending_approvals[0].decide(m.Decision.ALLOW)
+            handle = await job
+            assert isinstance(handle, toolbus.JobHandle)
+            handles.append(handle)
+            asks[f"s{i}-ask0"] = asyncio.create_task(
+                bus.invoke("count_call", folder, call_id=f"s{i}-ask0")
+            )
+        await until(lambda: all(len(b.pending_approvals) == 1 for b in buses), "50 approvals")
+        await until(lambda: len(runs(tmp_path)) == SESSIONS, "50 jobs running")
+        sessions = [bus.session_id for bus in buses]
+        for turn, node in enumerate(nodes, start=1):
+            owners = _owners(pg_url)
+            prefix = node.node_prefix
+            moved = [i for i, b in enumerate(buses) if owners[str(b.session_id)].startswith(prefix)]
+            before = [buses[i].reconnects for i in moved]
+            assert node.proc is not None
+            started = time.monotonic()
+            node.proc.send_signal(signal.SIGTERM)
+            # Its jobs may end now: they end during its drain, as they really end (J6).
+            for call_id in _jobs_running_on(pg_url, prefix):
+                (tmp_path / f"go-{call_id}").touch()
+
+            def resumed(
+                moved: list[int] = moved, before: list[int] = before, prefix: str = prefix
+            ) -> bool:
+                now = _owners(pg_url)
+                return all(
+                    buses[i].reconnects > was
+                    and buses[i].connected
+                    and not now[str(buses[i].session_id)].startswith(prefix)
+                    for i, was in zip(moved, before, strict=True)
+                )
+
+            await until(resumed, f"the clients of node {node.name} resumed on other nodes")
+            moved_after = time.monotonic() - started
+            # Their approvals, waiting on the draining node, are decided on the new one.
+            for i in moved:
+                for approval in list(buses[i].pending_approvals):
+                    await approval.decide(m.Decision.ALLOW)
+                call_id = f"s{i}-ask{turn}"
+                asks[call_id] = asyncio.create_task(
+                    buses[i].invoke("count_call", folder, call_id=call_id)
+                )
+            assert await asyncio.wait_for(node.proc.wait(), 30) == 0  # drained, exit 0
+            drained = time.monotonic() - started
+            await node.start()
+            rolls.append(
+                {
+                    "node": node.name,
+                    "sessions_moved": len(moved),
+                    "seconds_to_resume_all": round(moved_after, 3),
+                    "seconds_to_drain": round(drained, 3),
+                }
+            )
+        # Every job got its go during its node's drain; the last calls wait for approval.
+        outcomes = [await h.result(timeout=2 * WAIT) for h in handles]
+        await until(lambda: all(len(b.pending_approvals) == 1 for b in buses), "the last approvals")
+        for bus in buses:
+            await bus.pending_approvals[0].decide(m.Decision.ALLOW)
+        answers = await asyncio.wait_for(
+            asyncio.gather(*asks.values(), return_exceptions=True), WAIT
+        )
+        for bus in buses:
+            await bus.jobs(timeout=WAIT)  # a round trip: every event before it has arrived
+        assert [bus.session_id for bus in buses] == sessions
+        resumed_as_itself = sum(
+            1 for b in buses if b.reconnects and b.welcome is not None and b.welcome.resumed
+        )
+        reconnects = sum(b.reconnects for b in buses)
+    ran = runs(tmp_path)
+    expected = collections.Counter[str]({f"s{i}-job": 1 for i in range(SESSIONS)})
+    expected.update(asks.keys())
+    failures = [a for a in answers if not isinstance(a, m.Result)]
+    failures += [o for o in outcomes if o.state != m.JobState.DONE]
+    counts = {
+        "drill": "rolling restart of 3 nodes",
+        "sessions": SESSIONS,
+        "rolls": rolls,
+        "client_reconnects": reconnects,
+        "client_visible_failures": len(failures),
+        "lost_events": sum(s.gaps() for s in seen),
+        "duplicates_after_dedup": sum(s.duplicates() for s in seen),
+        "duplicated": [d for s in seen for d in s.twice()],
+        "calls_not_run_exactly_once": sum(1 for k in expected | ran if ran[k] != expected[k]),
+        "calls": len(asks),
+        "jobs_without_terminal_event": sum(
+            1 for i, h in enumerate(handles) if seen[i].jobs[h.job_id] != 1
+        ),
+        "drill_seconds": round(time.monotonic() - began, 1),
+    }
+    _record(tmp_path, counts)
+    assert failures == []
+    assert counts["lost_events"] == 0
+    assert counts["duplicates_after_dedup"] == 0
+    assert ran == expected
+    assert counts["jobs_without_terminal_event"] == 0
+    assert sum(r["sessions_moved"] for r in rolls) >= SESSIONS
+    assert resumed_as_itself == SESSIONS
+    assert counts["drill_seconds"] < ROLLING

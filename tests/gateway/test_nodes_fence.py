@@ -109,3 +109,27 @@ def test_n4_a_node_declared_dead_forwards_nothing(pg_url: str) -> None:  # noqa:
         a.commit()
     a.close()
     b.close()
+
+
+def test_n4_a_dead_nodes_claim_leaves_a_session_its_client_resumed_elsewhere(
+    pg_url: str,  # noqa: F811
+) -> None:
+    """SPEC N4, N2: node A died holding s1 and s2; s1's client already resumed on B when
+    C claims A's work. C takes s2 over (still A's) but not s1: B keeps it, its token
+    unchanged, and B's next commit of s1 is not fenced."""
+    lost_b: list[str] = []
+    a, b, c = _node(pg_url, "a", []), _node(pg_url, "b", lost_b), _node(pg_url, "c", [])
+    a.stage_session(_row("s1"))
+    a.stage_session(_row("s2"))
+    a.commit()
+    assert b.take_over("s1") is not None  # the client resumed on B
+    assert c.take_over("s1", only_from="a") is None
+    taken = c.take_over("s2", only_from="a")
+    assert taken is not None
+    assert taken[1].previous == "a"
+    b.stage_event("s1", 1, b'{"type":"result","seq":1}')
+    b.commit()
+    assert lost_b == []
+    assert b.events_after("s1", 0) == [(1, b'{"type":"result","seq":1}')]
+    for store in (a, b, c):
+        store.close()

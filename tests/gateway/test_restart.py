@@ -80,8 +80,13 @@ async def before_restart(p: Peer) -> dict[str, Any]:
     }
 
 
-async def after_restart(gw: Gateway, p: Peer, state: dict[str, Any]) -> None:
-    """Resume on the restarted server and check what SPEC D3, J5, A4 and I12 promise."""
+async def after_restart(gw: Gateway, p: Peer, state: dict[str, Any], drained: bool = False) -> None:
+    """Resume on the restarted server and check what SPEC D3, J5, A4 and I12 promise.
+
+    ``drained``: the first server drained (SPEC S4, A4): it handed the call waiting for
+    approval to the next start (gateway.handoff), so that approval is still pending
+    under its id and the user decides it now. After a crash it resolved
+    ``disconnected`` and its call ended ``cancelled``."""
     fields = {
         "session_id": p.welcome["session_id"],
         "resume_token": p.welcome["resume_token"],
@@ -91,13 +96,25 @@ async def after_restart(gw: Gateway, p: Peer, state: dict[str, Any]) -> None:
         assert again.welcome["resumed"] is True
         await again.send({"type": "job.get", "id": "jg", "job_id": state["job_id"]})
         job = (await again.expect("job", id="jg"))["job"]
+        if drained:
+            await again.send(
+                {
+                    "type": "tool.confirm",
+                    "id": "no",
+                    "approval_id": state["approval_id"],
+                    "decision": "deny",
+                }
+            )
+            assert (await again.expect("confirm.result", id="no"))["accepted"] is True
+            await again.terminal("gated")
         events = [m for m in again.seen if "seq" in m]
         # Nothing lost, nothing twice, in order, continuing the old numbering.
         seqs = [m["seq"] for m in events]
-        assert seqs == list(range(state["last_seq"] + 1, again.welcome["last_seq"] + 1))
+        assert seqs == list(range(state["last_seq"] + 1, seqs[-1] + 1))
         assert not [seq for seq, n in Counter(seqs).items() if n > 1]
         by_type = {m["type"]: m for m in events}
-        assert set(by_type) == {"job.failed", "tool.resolved", "call.error"}, events
+        ended = "result" if drained else "call.error"
+        assert set(by_type) == {"job.failed", "tool.resolved", ended}, events
         failed = by_type["job.failed"]
         assert failed["job_id"] == state["job_id"]
         assert failed["call_id"] == "job"
@@ -108,13 +125,17 @@ async def after_restart(gw: Gateway, p: Peer, state: dict[str, Any]) -> None:
             state["approval_id"],
             "notes_delete",
         )
-        assert (resolved["resolution"], resolved["reason"]) == ("denied", "disconnected")
-        cancelled = by_type["call.error"]
-        assert (cancelled["call_id"], cancelled["tool"], cancelled["code"]) == (
-            "gated",
-            "notes_delete",
-            "cancelled",
-        )
+        reason = "user" if drained else "disconnected"
+        assert (resolved["resolution"], resolved["reason"]) == ("denied", reason)
+        terminal = by_type[ended]
+        if drained:
+            assert (terminal["call_id"], terminal["result"]["declined"]) == ("gated", True)
+        else:
+            assert (terminal["call_id"], terminal["tool"], terminal["code"]) == (
+                "gated",
+                "notes_delete",
+                "cancelled",
+            )
         assert (job["state"], job["error"]["code"]) == ("failed", "interrupted")
         # SPEC I12 across the restart: the finished call answers its recorded outcome.
         await again.invoke("c1", "convert_units", CONVERT)
@@ -130,15 +151,16 @@ async def after_restart(gw: Gateway, p: Peer, state: dict[str, Any]) -> None:
         )
         assert (await again.expect("confirm.result", id="k"))["accepted"] is False
         await again.invoke("gated", "notes_delete", {"note_id": 1})
-        assert await again.terminal("gated") == cancelled
+        assert await again.terminal("gated") == terminal
 
 
 @pytest.mark.usefixtures("store_backend")
 async def test_restart_after_drain_resumes_without_loss(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """RESTART / SPEC S4, D3, J5: drain, a new server on the same data_dir, resume: no event
-    lost or doubled; the running job failed "interrupted"; the pending approval cancelled."""
+    """RESTART / SPEC S4, D3, J5, A4: drain, a new server on the same data_dir, resume: no
+    event lost or doubled; the running job failed "interrupted"; the pending approval is
+    pending again under its id (handed to the next start) and the user decides it."""
     monkeypatch.setattr(handlers, "REPORT_SECTION_SECONDS", 3600.0)
     settings = restart_settings(tmp_path)
     first = Gateway(settings)
@@ -148,7 +170,7 @@ async def test_restart_after_drain_resumes_without_loss(
         p.ws.transport.abort()
         await first.drain()
     async with running(settings) as second:
-        await after_restart(second, p, state)
+        await after_restart(second, p, state, drained=True)
 
 
 @pytest.mark.usefixtures("store_backend")

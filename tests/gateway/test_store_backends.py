@@ -14,8 +14,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from gateway.pg_link import redact
-from gateway.pg_schema import MIGRATIONS, SCHEMA_VERSION, SchemaTooNew, migrate
+from gateway.pg_link import LOCK_TIMEOUT_MS, STATEMENT_TIMEOUT_MS, redact
+from gateway.pg_schema import _LOCK_KEY, MIGRATIONS, SCHEMA_VERSION, SchemaTooNew, migrate
 from gateway.store import (
     BadValue,
     JobRow,
@@ -245,6 +245,42 @@ def test_pg_migrates_once_even_when_nodes_start_together(pg_url: str) -> None:  
     with psycopg.connect(pg_url, autocommit=True) as db:
         rows = db.execute("SELECT version FROM toolbus_schema ORDER BY version").fetchall()
     assert rows == [(v,) for v in range(1, SCHEMA_VERSION + 1)]
+
+
+def test_pg_start_waits_for_another_nodes_migration_past_the_serving_lock_timeout(
+    pg_url: str,  # noqa: F811
+) -> None:
+    """SPEC N1: a node starting while another migrates waits for it, though its serving
+    connection gives up a lock wait after LOCK_TIMEOUT_MS (SPEC D6); it then finds the
+    schema current and applies nothing."""
+    with psycopg.connect(pg_url, autocommit=True) as holder:
+        migrate(holder, "test")
+        options = f"-c lock_timeout={LOCK_TIMEOUT_MS} -c statement_timeout={STATEMENT_TIMEOUT_MS}"
+        done: list[list[int] | BaseException] = []
+
+        def start() -> None:
+            try:
+                with psycopg.connect(pg_url, autocommit=True, options=options) as db:
+                    done.append(migrate(db, "test"))
+            except BaseException as exc:  # reported by the assert below
+                done.append(exc)
+
+        with holder.transaction():
+            holder.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
+            thread = threading.Thread(target=start)
+            thread.start()
+            deadline = time.monotonic() + 10
+            while not holder.execute(
+                "SELECT count(*) FROM pg_locks WHERE locktype='advisory' AND NOT granted "
+                "AND classid=%s AND objid=%s",
+                (_LOCK_KEY >> 32, _LOCK_KEY & 0xFFFFFFFF),
+            ).fetchone()[0]:  # type: ignore[index]
+                assert time.monotonic() < deadline, "the second start never waited"
+            # Held well past the serving lock_timeout: the waiter must still be waiting.
+            time.sleep(3 * LOCK_TIMEOUT_MS / 1000)
+            assert done == [], done
+        thread.join(timeout=30)
+    assert done == [[]], done
 
 
 def test_pg_refuses_a_schema_newer_than_the_code(pg_url: str) -> None:  # noqa: F811
