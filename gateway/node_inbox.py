@@ -73,6 +73,16 @@ class NodeInbox:
                 # SPEC I12: the owner records the call's end under its own seq (the
                 # node that ran it could not: its write was fenced).
                 session.call_done(durable.call_id, data)
+            elif (
+                isinstance(durable, m.ToolResolved)
+                and durable.always
+                and durable.resolution is m.Resolution.ALLOWED
+            ):
+                # SPEC A3, N3: "allow always" decided for a call that waited on another
+                # node is a grant of the session, which lives here (that node's write of
+                # it was fenced).
+                session.grants.add(durable.tool)
+                session.save()
             self._fence.consumed(row_id, session_id, session.last_seq)
             self.inbox_emitted += 1
         if rows:

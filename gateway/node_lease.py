@@ -31,16 +31,19 @@ _START_LOCK = 0x746F6F6C6E6F6465  # "toolnode": registration and the "alone" che
 _LOCK_PREFIX = "toolbus node "
 """Prefix of a node's advisory lock name, held by its lease connection (SPEC N4)."""
 
+_LOCK = "hashtextextended(%s || current_schema() || ' ' || %s, 0)"
+"""A node's advisory lock key. Advisory locks are the database's, not a schema's: the
+store's schema is part of the name, so gateways on two schemas of one database (two
+deployments, or parallel tests) may use the same node ids."""
+
 
 def gone(db: psycopg.Connection[tuple[Any, ...]], node: str) -> bool:
     """Whether no live connection holds ``node``'s lock: its process is gone (a crash
     drops its connections, and the lock, at once; a lease outlives it by up to its TTL)."""
-    row = db.execute(
-        "SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", (_LOCK_PREFIX + node,)
-    ).fetchone()
+    row = db.execute(f"SELECT pg_try_advisory_lock({_LOCK})", (_LOCK_PREFIX, node)).fetchone()
     if not (row and row[0]):
         return False
-    db.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (_LOCK_PREFIX + node,))
+    db.execute(f"SELECT pg_advisory_unlock({_LOCK})", (_LOCK_PREFIX, node))
     return True
 
 
@@ -170,7 +173,7 @@ class NodeLease:
         """
         db = psycopg.connect(self._store.link.conninfo, autocommit=True)
         row = db.execute(
-            "SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", (_LOCK_PREFIX + self.id,)
+            f"SELECT pg_try_advisory_lock({_LOCK})", (_LOCK_PREFIX, self.id)
         ).fetchone()
         if not (row and row[0]):
             db.close()

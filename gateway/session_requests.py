@@ -142,8 +142,15 @@ class SessionRequests:
         )
 
     def elicit_answer(self, s: Session, msg: m.ElicitAnswer) -> None:
-        """SPEC M3: the user's answer to a mounted MCP server's question."""
-        s.reply(self.elicitations.answer(s, msg))
+        """SPEC M3: the user's answer to a mounted MCP server's question; SPEC N3: one
+        for a question waiting on another node goes there."""
+        result = self.elicitations.answer(s, msg)
+        if result.reason is m.NotAcceptedReason.UNKNOWN and self.routes is not None:
+            reason = self.routes.route_answer(
+                s.id, s.user, msg.elicitation_id, msg.action, msg.content
+            )
+            result = result.model_copy(update={"accepted": reason is None, "reason": reason})
+        s.reply(result)
 
     def grants_list(self, s: Session, msg: m.GrantsList) -> None:
         """SPEC K2: the session's "always allow" grants."""

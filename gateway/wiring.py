@@ -406,7 +406,7 @@ def build_gateway(
     if node is not None:
         from gateway.node_requests import NodeRequests
 
-        node.requests = NodeRequests(node.store, approvals, pipeline, jobs)
+        node.requests = NodeRequests(node.store, approvals, pipeline, jobs, elicitations)
         connection_parts.requests.routes = node.requests
     handoff = Handoff(pipeline, metrics, clock)
     recovery = Recovery(

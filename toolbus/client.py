@@ -51,7 +51,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import secrets
+import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -230,8 +230,8 @@ class Client(ClientBase):
             SessionClosed: the client stopped first.
             UsageError: ``call_id`` is already waiting in this client.
         """
-        # 128 random bits as 32 hex digits, like uuid4().hex at a quarter of the cost.
-        call_id = call_id or f"c-{secrets.token_hex(16)}"
+        # 128 random bits as 32 hex digits (secrets.token_hex(16) without its two calls).
+        call_id = call_id or f"c-{os.urandom(16).hex()}"
         message = m.Invoke(
             call_id=call_id,
             tool=tool,

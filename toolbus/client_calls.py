@@ -21,7 +21,7 @@ from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
 from protocol import messages as m
-from protocol.codec import encode
+from protocol.codec import encode, encode_json
 from protocol.errors import ErrorCode
 from toolbus.errors import RequestRefused, RequestTimeout, ToolbusClientError, UsageError
 
@@ -40,6 +40,31 @@ class Pending:
     future: asyncio.Future[Any]
     gen: int = 0
     resent: bool = False
+
+
+def frame_of(message: BaseModel) -> bytes:
+    """The bytes of ``message`` as :func:`protocol.codec.encode` writes them.
+
+    An ``invoke`` (one per call) is written from its fields without pydantic's
+    ``model_dump`` (1.4 against 3.8 us, issue 13): the same keys in the same order,
+    ``None`` fields left out, ``params`` as the model holds it. A ``params`` value the
+    JSON encoder does not take as it is (a pydantic model) goes through ``encode``.
+    """
+    if type(message) is not m.Invoke:
+        return encode(message)
+    fields: dict[str, Any] = {"type": "invoke"}
+    if message.id is not None:
+        fields["id"] = message.id
+    fields["call_id"] = message.call_id
+    fields["tool"] = message.tool
+    if message.params is not None:
+        fields["params"] = message.params
+    if message.catalog_version is not None:
+        fields["catalog_version"] = message.catalog_version
+    try:
+        return encode_json(fields)
+    except TypeError:  # orjson.JSONEncodeError: let pydantic turn the value into JSON
+        return encode(message)
 
 
 class Calls:
@@ -95,7 +120,7 @@ class Calls:
             return
         pending.gen = gen
         try:
-            await ws.send(encode(pending.message), text=True)
+            await ws.send(frame_of(pending.message), text=True)
         except ConnectionClosed:
             pending.gen = 0
 

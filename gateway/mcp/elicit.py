@@ -7,6 +7,12 @@ client's ``elicit.answer``. :meth:`Elicitations.answer` settles it: the first an
 from the same session wins, anything else is "not accepted" (``unknown`` never says
 whether the id exists for someone else, SPEC A7). No answer before the approval timeout,
 the end of the session, or the end of the call, answers the MCP server ``cancel``.
+
+Several nodes (SPEC N3): the session may move to another node while the call waits
+here. The pending id is written into the call's stored note (``{"tool", "elicitation_id"}``,
+as :mod:`gateway.approval_gate` writes the approval id), so the node that now holds the
+session routes an answer for that id here (:mod:`gateway.node_requests`); :meth:`holds`
+and :meth:`settle` apply it with the same rules as an answer from this node's socket.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from typing import Any
 from gateway.context import ToolContext
 from gateway.session import Session
 from protocol import messages as m
+from protocol.codec import encode_json
 
 Answer = tuple[m.ElicitAction, dict[str, Any] | None]
 """What goes back to the MCP server: the action and, for ``accept``, the content."""
@@ -30,6 +37,7 @@ CANCELLED: Answer = (m.ElicitAction.CANCEL, None)
 @dataclass(slots=True)
 class _Pending:
     session_id: str
+    call_id: str
     future: asyncio.Future[Answer]
 
 
@@ -65,8 +73,9 @@ class Elicitations:
             return CANCELLED
         elicitation_id = "el_" + secrets.token_urlsafe(16)  # 128 random bits, as A2
         future: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
-        self._pending[elicitation_id] = _Pending(session.id, future)
+        self._pending[elicitation_id] = _Pending(session.id, ctx.call_id, future)
         try:
+            self._note(session, ctx)
             session.emit(
                 m.ElicitRequest(
                     call_id=ctx.call_id,
@@ -83,18 +92,59 @@ class Elicitations:
             return CANCELLED
         finally:
             self._pending.pop(elicitation_id, None)
+            self._note(session, ctx)
+
+    def _note(self, session: Session, ctx: ToolContext) -> None:
+        """SPEC N3: the call's stored note names its newest pending question, or none,
+        so another node can tell an id this call may hold from a made-up one. Only for a
+        sync call still running here (a job, a promoted or finished call has no running
+        row to write; its questions are answered on this node's socket only)."""
+        call_id = ctx.call_id
+        if (
+            ctx.job_id is not None
+            or session.ended
+            or call_id not in session.inflight
+            or call_id in session.done_calls
+        ):
+            return
+        note: dict[str, str] = {"tool": ctx.tool}
+        for elicitation_id, pending in reversed(self._pending.items()):
+            if (pending.session_id, pending.call_id) == (session.id, call_id):
+                note["elicitation_id"] = elicitation_id
+                break
+        session.store.stage_call(session.id, call_id, "running", encode_json(note))
+
+    def holds(self, session_id: str, elicitation_id: str) -> bool:
+        """Whether ``elicitation_id`` waits here for an answer from ``session_id``
+        (SPEC N3: a routed answer is applied only where its question waits)."""
+        pending = self._pending.get(elicitation_id)
+        return pending is not None and pending.session_id == session_id
+
+    def settle(
+        self,
+        session_id: str,
+        elicitation_id: str,
+        action: m.ElicitAction,
+        content: dict[str, Any] | None,
+    ) -> m.NotAcceptedReason | None:
+        """Settle a pending question with an answer from ``session_id`` (SPEC M3, A7).
+
+        Returns:
+            ``None`` when it was accepted; ``unknown`` when no question of that session
+            has that id (another session's id included, A7); ``already_decided`` when
+            the first answer already won.
+        """
+        pending = self._pending.get(elicitation_id)
+        if pending is None or pending.session_id != session_id:
+            return m.NotAcceptedReason.UNKNOWN
+        if pending.future.done():
+            return m.NotAcceptedReason.ALREADY_DECIDED
+        pending.future.set_result((action, content if action is m.ElicitAction.ACCEPT else None))
+        return None
 
     def answer(self, session: Session, msg: m.ElicitAnswer) -> m.ElicitResult:
         """Settle a pending question with the client's answer (SPEC M3)."""
-        pending = self._pending.get(msg.elicitation_id)
-        reason: m.NotAcceptedReason | None = None
-        if pending is None or pending.session_id != session.id:
-            reason = m.NotAcceptedReason.UNKNOWN
-        elif pending.future.done():
-            reason = m.NotAcceptedReason.ALREADY_DECIDED
-        else:
-            content = msg.content if msg.action is m.ElicitAction.ACCEPT else None
-            pending.future.set_result((msg.action, content))
+        reason = self.settle(session.id, msg.elicitation_id, msg.action, msg.content)
         return m.ElicitResult(
             id=msg.id, elicitation_id=msg.elicitation_id, accepted=reason is None, reason=reason
         )

@@ -75,3 +75,32 @@ async def test_jobs_part_resolves_a_late_handle_from_a_kept_outcome() -> None:
     evicted = jobs.dispatched(m.Dispatched(call_id="c0", job_id="j0", tool="t", message="m"))
     assert not evicted.done()
     assert tasks == []
+
+
+def test_k1_invoke_frame_is_the_bytes_encode_writes() -> None:
+    """SPEC K1, E1 (issue 13): the calls part writes an ``invoke`` from its fields, not
+    through ``model_dump``; every shape gives the bytes ``protocol.codec.encode`` gives,
+    and a ``params`` value the JSON encoder refuses as it is (a model) goes through it."""
+    from protocol.codec import encode
+    from toolbus.client_calls import frame_of
+
+    shapes = [
+        m.Invoke(call_id="c1", tool="noop"),
+        m.Invoke(call_id="c1", tool="noop", params={}),
+        m.Invoke(
+            id="r7",
+            call_id="c-ü",
+            tool="t",
+            params={"a": None, "b": [1, 2.5, "x", {"c": None}], "é": True},
+            catalog_version="v1",
+        ),
+        m.Invoke(call_id="c2", tool="t", params={"model": m.Ack(seq=3), "t": (1, 2)}),
+    ]
+    for message in shapes:
+        assert frame_of(message) == encode(message)
+    assert frame_of(shapes[3]) == (
+        b'{"type":"invoke","call_id":"c2","tool":"t","params":{"model":{"type":"ack","seq":3},'
+        b'"t":[1,2]}}'
+    )
+    ack = m.Ack(seq=5)
+    assert frame_of(ack) == encode(ack) == b'{"type":"ack","seq":5}'

@@ -9,6 +9,7 @@ sharing one PostgreSQL schema.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import time
 from collections.abc import AsyncIterator, Callable
@@ -135,11 +136,21 @@ class Node:
         self.url = url
 
     async def stop(self) -> None:
-        """SIGTERM (a drain) and wait for the end; a killed process is only awaited."""
+        """SIGTERM (a drain) and wait for the end; a killed process is only awaited.
+
+        Raises:
+            AssertionError: it did not exit within :data:`WAIT` seconds (it is then
+                killed, so that no test leaves a node behind).
+        """
         if self.proc.returncode is None:
             self.proc.send_signal(signal.SIGTERM)
-        async with asyncio.timeout(WAIT):
+        try:
+            async with asyncio.timeout(WAIT):
+                await self.proc.wait()
+        except TimeoutError:
+            self.proc.kill()
             await self.proc.wait()
+            raise AssertionError(f"node {self.url} did not drain within {WAIT} s") from None
 
 
 @asynccontextmanager
@@ -155,6 +166,16 @@ async def nodes(folder: Path, url: str, *names: str, **extra: Any) -> AsyncItera
                 banner = (await proc.stdout.readline()).decode()
             started.append(Node(proc, banner.split()[3]))
         yield started
-    finally:
+    except BaseException:
+        # The test's own failure is the one to report: stop every node, quietly.
         for node in started:
+            with contextlib.suppress(AssertionError):
+                await node.stop()
+        raise
+    stuck = []
+    for node in started:
+        try:
             await node.stop()
+        except AssertionError as exc:
+            stuck.append(str(exc))
+    assert not stuck, stuck

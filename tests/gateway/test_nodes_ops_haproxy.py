@@ -21,7 +21,14 @@ from websockets.asyncio.client import connect
 import toolbus
 from gateway.config import DEMO_DIR
 from protocol import messages as m
-from tests.gateway.lb_tools import free_port, haproxy, haproxy_binary, haproxy_config
+from tests.gateway.lb_tools import (
+    free_port,
+    haproxy,
+    haproxy_binary,
+    haproxy_config,
+    nginx_check,
+    nginx_config,
+)
 from tests.gateway.node_tools import START, until
 from tests.pg_support import pg_url  # noqa: F401 (fixture)
 from tests.support import CONVERT, ROOT, WAIT, Peer, resume_fields, spawn_serve, write_token_file
@@ -123,11 +130,19 @@ async def _report(bus: toolbus.Client) -> None:
     assert outcome.ok, outcome
 
 
-def test_n6_docs_show_the_tested_haproxy_config() -> None:
-    """SPEC N6: docs/deploy.md shows exactly the configuration the tests run, and
-    HAProxy accepts it (``haproxy -c``)."""
-    text = haproxy_config(":8080", [("node1", "10.0.0.11:8765"), ("node2", "10.0.0.12:8765")])
-    assert text in (ROOT / "docs" / "deploy.md").read_text()
+def test_n6_docs_show_the_tested_haproxy_and_nginx_configs(tmp_path: Path) -> None:
+    """SPEC N6: docs/deploy.md shows exactly the HAProxy and nginx configurations the
+    tests run (test_nodes_ops_haproxy.py, test_nodes_ops_nginx.py), and HAProxy accepts
+    its own (``haproxy -c``), nginx its own (``nginx -t``, inside an ``http`` block)."""
+    servers = [("node1", "10.0.0.11:8765"), ("node2", "10.0.0.12:8765")]
+    doc = (ROOT / "docs" / "deploy.md").read_text()
+    shown = nginx_config("8080", servers)
+    assert f"```nginx\n{shown}```" in doc
+    nginx_checked = nginx_check(tmp_path, shown)
+    assert nginx_checked.returncode == 0, nginx_checked.stderr
+    assert "test is successful" in nginx_checked.stderr
+    text = haproxy_config(":8080", servers)
+    assert text in doc
     checked = subprocess.run(
         [haproxy_binary(), "-c", "-f", "/dev/stdin"],
         input=text,

@@ -115,3 +115,36 @@ async def test_n3_cancels_on_b_reach_the_call_and_the_job_on_a(
         assert seqs == list(range(last + 1, last + 1 + len(seqs)))
         assert cancelled["seq"] in seqs
         assert _types(on_b).count("job.cancelled") == 1
+
+
+async def test_n3_allow_always_decided_on_b_for_a_call_on_a_is_a_grant_of_the_session_on_b(
+    tmp_path: Path,
+    pg_url: str,  # noqa: F811
+) -> None:
+    """SPEC N3, A3: ``allow_always`` for a call waiting on A, decided on B where the
+    session now lives, becomes the session's grant on B: ``grants.list`` names the
+    tool, and the next call of it on B runs without asking."""
+    async with nodes(tmp_path, pg_url, "a", "b") as (a, b):
+        on_a, _, approval_id = await _moved(a.url, b.url, tmp_path, "c1")
+        async with connect(b.url, subprotocols=SUB) as ws_b:
+            on_b = Peer(ws_b)
+            await on_b.hello(**resume_fields(on_a, 1))
+            await on_b.expect("tool_start", call_id="c1")
+            await on_b.send({"type": "tool.confirm", "id": "k", "approval_id": approval_id,
+                             "decision": "allow_always"})  # fmt: skip
+            resolved = await on_b.expect("tool.resolved", call_id="c1")
+            assert (resolved["resolution"], resolved["always"]) == ("allowed", True)
+            await on_b.terminal("c1")
+            await on_b.send({"type": "grants.list", "id": "g"})
+            assert (await on_b.expect("grants", id="g"))["tools"] == ["gated_job"]
+            await on_b.invoke("c2", "gated_job", {"dir": str(tmp_path)})
+            second = await on_b.terminal("c2")
+            assert second["type"] == "dispatched"
+            assert not [
+                msg for msg in on_b.seen if msg["type"] == "tool_start" and msg["call_id"] == "c2"
+                and msg.get("approval_id")
+            ]  # fmt: skip
+            await until(lambda: sorted(runs(tmp_path)) == ["c1", "c2"], "c1 and c2 ran")
+            (tmp_path / "go-c1").touch()
+            (tmp_path / "go-c2").touch()
+            await barrier(on_b)
