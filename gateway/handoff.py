@@ -49,10 +49,6 @@ class Handoff:
         self._pipeline = pipeline
         self._metrics = metrics
         self._clock = clock
-        self.released = 0
-        """Calls handed off by this node's drains."""
-        self.adopted = 0
-        """Calls adopted here."""
 
     async def drain(self, deadline: float) -> int:
         """A node's drain (SPEC N6): hand off the calls waiting for approval, at once and
@@ -97,7 +93,6 @@ class Handoff:
             task.cancel()
             moved.append(task)
         await asyncio.gather(*moved, return_exceptions=True)
-        self.released += len(moved)
         self._metrics.handoffs.labels("released").inc(len(moved))
         if moved:
             logger.info("drain: %d call(s) pending approval handed to other nodes", len(moved))
@@ -141,6 +136,5 @@ class Handoff:
         if not session.catalog_names:  # a detached copy (SPEC N4) has no view yet
             session.catalog_names = pipeline.checks.catalog.view(session)[2]
         pipeline.track(call, lambda: pipeline.resume(call, approval))
-        self.adopted += 1
         self._metrics.handoffs.labels("adopted").inc()
         return True

@@ -64,6 +64,32 @@ async def _gateway(folder: Path, url: str) -> AsyncIterator[tuple[list[DrillNode
                 await node.stop()
 
 
+async def _load(
+    stack: AsyncExitStack, front: str, folder: Path, seen: list[Seen], ask: str
+) -> tuple[list[toolbus.Client], list[toolbus.JobHandle], list[asyncio.Task[Any]]]:
+    """The drills' load: one client per ``seen`` (every call gated), each with an
+    approved job held running (every other one idempotent) and a ``count_call``
+    ``s<i>-<ask>`` waiting for approval. Returns the clients, job handles and call tasks."""
+    params = {"dir": str(folder)}
+    buses = [
+        await stack.enter_async_context(_client(front, s, confirm_tool_calls=True)) for s in seen
+    ]
+    handles: list[toolbus.JobHandle] = []
+    asks: list[asyncio.Task[Any]] = []
+    for i, bus in enumerate(buses):
+        tool = "held_idem" if i % 2 else "held_job"
+        job = asyncio.create_task(bus.invoke(tool, params, call_id=f"s{i}-job"))
+        await until(lambda b=bus: len(b.pending_approvals) == 1, "the job's approval")
+        await bus.pending_approvals[0].decide(m.Decision.ALLOW)
+        handle = await job
+        assert isinstance(handle, toolbus.JobHandle)
+        handles.append(handle)
+        asks.append(asyncio.create_task(bus.invoke("count_call", params, call_id=f"s{i}-{ask}")))
+    await until(lambda: all(len(b.pending_approvals) == 1 for b in buses), "every approval")
+    await until(lambda: len(runs(folder)) == len(seen), "every job running")
+    return buses, handles, asks
+
+
 def _owners(url: str) -> dict[str, str]:
     with psycopg.connect(url, autocommit=True) as db:
         rows = db.execute("SELECT session_id, owner_node FROM sessions").fetchall()
@@ -98,25 +124,8 @@ async def test_n4_drill_kill9_one_of_three_nodes_behind_haproxy_loses_nothing(
     every other call and job runs exactly once; every job has a terminal event."""
     began = time.monotonic()
     async with _gateway(tmp_path, pg_url) as (nodes, front), AsyncExitStack() as stack:
-        folder = {"dir": str(tmp_path)}
         seen = [Seen() for _ in range(SESSIONS)]
-        buses = [
-            await stack.enter_async_context(_client(front, s, confirm_tool_calls=True))
-            for s in seen
-        ]
-        handles: list[toolbus.JobHandle] = []
-        asks: list[asyncio.Task[Any]] = []
-        for i, bus in enumerate(buses):
-            tool = "held_idem" if i % 2 else "held_job"
-            job = asyncio.create_task(bus.invoke(tool, folder, call_id=f"s{i}-job"))
-            await until(lambda b=bus: len(b.pending_approvals) == 1, "the job's approval")
-            await bus.pending_approvals[0].decide(m.Decision.ALLOW)
-            handle = await job
-            assert isinstance(handle, toolbus.JobHandle)
-            handles.append(handle)
-            asks.append(asyncio.create_task(bus.invoke("count_call", folder, call_id=f"s{i}-ask")))
-        await until(lambda: all(len(b.pending_approvals) == 1 for b in buses), "50 approvals")
-        await until(lambda: len(runs(tmp_path)) == SESSIONS, "50 jobs running")
+        buses, handles, asks = await _load(stack, front, tmp_path, seen, "ask")
         owners = _owners(pg_url)
         on = {
             n.name: [
@@ -241,25 +250,8 @@ async def test_n6_drill_rolling_restart_of_three_nodes_behind_haproxy_no_client_
     async with _gateway(tmp_path, pg_url) as (nodes, front), AsyncExitStack() as stack:
         folder = {"dir": str(tmp_path)}
         seen = [Seen() for _ in range(SESSIONS)]
-        buses = [
-            await stack.enter_async_context(_client(front, s, confirm_tool_calls=True))
-            for s in seen
-        ]
-        handles: list[toolbus.JobHandle] = []
-        asks: dict[str, asyncio.Task[Any]] = {}
-        for i, bus in enumerate(buses):
-            tool = "held_idem" if i % 2 else "held_job"
-            job = asyncio.create_task(bus.invoke(tool, folder, call_id=f"s{i}-job"))
-            await until(lambda b=bus: len(b.pending_approvals) == 1, "the job's approval")
-            await bus.pending_approvals[0].decide(m.Decision.ALLOW)
-            handle = await job
-            assert isinstance(handle, toolbus.JobHandle)
-            handles.append(handle)
-            asks[f"s{i}-ask0"] = asyncio.create_task(
-                bus.invoke("count_call", folder, call_id=f"s{i}-ask0")
-            )
-        await until(lambda: all(len(b.pending_approvals) == 1 for b in buses), "50 approvals")
-        await until(lambda: len(runs(tmp_path)) == SESSIONS, "50 jobs running")
+        buses, handles, first = await _load(stack, front, tmp_path, seen, "ask0")
+        asks = {f"s{i}-ask0": task for i, task in enumerate(first)}
         sessions = [bus.session_id for bus in buses]
         for turn, node in enumerate(nodes, start=1):
             owners = _owners(pg_url)
