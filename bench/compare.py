@@ -34,10 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+from bench.nodes import cpu_seconds
 
 
 async def _measure(mode: str, url: str, size: float, pid: int) -> dict[str, float]:
@@ -50,15 +47,15 @@ async def _measure(mode: str, url: str, size: float, pid: int) -> dict[str, floa
     if mode in ("p1", "p11"):
         client = await kind.open(url)
         await c.sequential(client, 50)
-        server, mine = _cpu_seconds(pid), time.process_time()
+        server, mine = cpu_seconds([pid]), time.process_time()
         rtts = await c.sequential(client, int(size))
-        server, mine = _cpu_seconds(pid) - server, time.process_time() - mine
+        server, mine = cpu_seconds([pid]) - server, time.process_time() - mine
         await client.close()
         value, calls = statistics.median(rtts) * 1e6, size
     else:
-        server, mine = _cpu_seconds(pid), time.process_time()
+        server, mine = cpu_seconds([pid]), time.process_time()
         done = await c.concurrent("toolbus", url, 50, size, clients={"toolbus": kind})
-        server, mine = _cpu_seconds(pid) - server, time.process_time() - mine
+        server, mine = cpu_seconds([pid]) - server, time.process_time() - mine
         value, calls = done["calls"] / done["elapsed"], done["calls"]
     return {"value": value, "server_us": server / calls * 1e6, "client_us": mine / calls * 1e6}
 

@@ -19,10 +19,12 @@ The step functions return row dictionaries; :mod:`bench.run` turns them into row
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable
 from typing import Any
 
 from bench import clients as c
+from bench.nodes import cpu_seconds
 from bench.servers import PROFILE, TOKEN
 
 
@@ -78,11 +80,14 @@ CLIENTS: dict[str, Any] = {
     "floor": c.FloorClient,
     "toolbus": c.ToolbusClient,
     "toolbus_client": ToolbusOfficial,
+    "toolbus_client_idempotent": ToolbusOfficial,
     "socketio": SocketioClient,
     "mcp": c.McpClient,
 }
-SERVER_OF = {"toolbus_client": "toolbus"}
+SERVER_OF = {"toolbus_client": "toolbus", "toolbus_client_idempotent": "toolbus"}
 """The server kind each client kind talks to, when the names differ."""
+TOOL_OF = {"toolbus_client_idempotent": "noop_idempotent"}
+"""The tool a client kind calls, when it is not ``noop`` (row P11i)."""
 
 
 def url_of(srv: dict[str, Any], kind: str) -> str:
@@ -110,18 +115,19 @@ def p11_p12(bench: Any, servers: Callable[..., Any]) -> list[dict[str, Any]]:
 
 
 def _p11(bench: Any, p: Any, srv: dict[str, Any]) -> list[dict[str, Any]]:
-    kinds = ["floor", "toolbus", "toolbus_client", "socketio", "mcp"]
+    kinds = ["floor", "toolbus", "toolbus_client", "toolbus_client_idempotent", "socketio", "mcp"]
     rounds: dict[str, list[float]] = {k: [] for k in kinds}
 
     async def go() -> None:
         opened = {k: await CLIENTS[k].open(url_of(srv, k)) for k in kinds}
         for k in kinds:  # warm-up, not recorded
-            await c.sequential(opened[k], p.p11_warmup)
+            await c.sequential(opened[k], p.p11_warmup, TOOL_OF.get(k, "noop"))
         bench.log("  P11 warm")
         for r in range(p.p11_rounds):
             for k in kinds if r % 2 == 0 else kinds[::-1]:
                 n = p.p11_mcp_calls if k == "mcp" else p.p11_calls
-                rounds[k].append(c.median(await c.sequential(opened[k], n)))
+                rtts = await c.sequential(opened[k], n, TOOL_OF.get(k, "noop"))
+                rounds[k].append(c.median(rtts))
         for client in opened.values():
             await client.close()
 
@@ -143,6 +149,15 @@ def _p11(bench: Any, p: Any, srv: dict[str, Any]) -> list[dict[str, Any]]:
             values=med,
         ),
         _row(
+            "P11i",
+            "same, toolbus tool declared idempotent (no I15 ledger commit before the handler)",
+            "(info)",
+            None,
+            toolbus=_us(med["toolbus_client_idempotent"]),
+            socketio=_us(med["socketio"]),
+            ratio=f"{med['toolbus_client_idempotent'] / med['socketio']:.2f}x socket.io",
+        ),
+        _row(
             "P11c",
             "toolbus client library cost: raw bench client -> toolbus.connect",
             "(info)",
@@ -156,15 +171,29 @@ def _p11(bench: Any, p: Any, srv: dict[str, Any]) -> list[dict[str, Any]]:
 def _p12(bench: Any, p: Any, srv: dict[str, Any]) -> list[dict[str, Any]]:
     kinds = ["toolbus", "toolbus_client", "socketio", "mcp"]
     rounds: dict[str, list[float]] = {k: [] for k in kinds}
+    cpu: dict[str, dict[str, list[float]]] = {k: {"server": [], "client": []} for k in kinds}
     for r in range(p.p12_rounds):
         for k in kinds if r % 2 == 0 else kinds[::-1]:
+            pid = srv[SERVER_OF.get(k, k)].pid
+            server_cpu, client_cpu = cpu_seconds([pid]), time.process_time()
             out = bench.loop(
                 c.concurrent(k, url_of(srv, k), p.p12_sessions, p.p12_duration, clients=CLIENTS)
             )
+            server_cpu = cpu_seconds([pid]) - server_cpu
+            client_cpu = time.process_time() - client_cpu
+            # Connecting and the warm-up call are in the CPU window: counted per call too.
+            calls = out["calls"] + p.p12_sessions
+            cpu[k]["server"].append(server_cpu / calls)
+            cpu[k]["client"].append(client_cpu / calls)
             rounds[k].append(out["calls"] / out["elapsed"])
             bench.log(f"  P12 round {r + 1}: {k} {rounds[k][-1]:,.0f}/s")
-    bench.raw["P12"] = {"round_calls_per_s": rounds, "sessions": p.p12_sessions}
+    bench.raw["P12"] = {
+        "round_calls_per_s": rounds,
+        "round_cpu_s_per_call": cpu,
+        "sessions": p.p12_sessions,
+    }
     med = {k: c.median(v) for k, v in rounds.items()}
+    per_call = {k: {side: c.median(v) for side, v in sides.items()} for k, sides in cpu.items()}
     ratio = med["toolbus_client"] / med["socketio"]
     return [
         _row(
@@ -186,7 +215,27 @@ def _p12(bench: Any, p: Any, srv: dict[str, Any]) -> list[dict[str, Any]]:
             toolbus=f"{_per_s(med['toolbus'])} -> {_per_s(med['toolbus_client'])}",
             ratio=f"{med['toolbus_client'] / med['toolbus']:.2f}x",
         ),
+        _row(
+            "P12u",
+            "CPU per call, server + client (own clients, P12's rounds)",
+            "(info)",
+            None,
+            toolbus=_cpu(per_call["toolbus_client"]),
+            socketio=_cpu(per_call["socketio"]),
+            mcp=_cpu(per_call["mcp"]),
+            ratio=f"{_total(per_call['toolbus_client']) / _total(per_call['socketio']):.2f}x"
+            " socket.io",
+            values=per_call,
+        ),
     ]
+
+
+def _total(sides: dict[str, float]) -> float:
+    return sides["server"] + sides["client"]
+
+
+def _cpu(sides: dict[str, float]) -> str:
+    return f"{sides['server'] * 1e6:,.0f} + {sides['client'] * 1e6:,.0f} us"
 
 
 def _us(seconds: float) -> str:

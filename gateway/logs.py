@@ -14,11 +14,13 @@ import logging
 import queue
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 from protocol.codec import encode_json
 
+logger = logging.getLogger("gateway.logs")
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
 
 
@@ -46,38 +48,59 @@ class JsonFormatter(logging.Formatter):
 
 
 class BatchHandler(logging.Handler):
-    """Hands records to the :class:`AuditWriter` thread in batches (SPEC I11).
+    """Hands audit lines to the :class:`AuditWriter` thread in batches (SPEC I11).
 
-    On a thread running an event loop a record joins the current batch, which a loop
-    timer hands over :attr:`DELAY` seconds after its first record (at once when it
-    holds :attr:`MAX_BATCH`): one queue put and one wake-up of the writer per batch
-    instead of per call, so the writer and the loop trade the GIL once per batch. As
-    with the queue before, records not yet written are lost if the process is killed
-    (at most :attr:`DELAY` more). From a thread without a loop a record goes at once.
+    A record becomes its JSON line where it is made: :meth:`add_audit_fields` encodes the fields
+    :func:`gateway.audit.record` gives it in one ``orjson`` call (the hot path, no
+    :class:`logging.LogRecord`), and :meth:`emit` formats a record that came through
+    the ``toolbus.audit`` logger with :class:`JsonFormatter` (same line). On a thread
+    running an event loop the line joins the current batch, which a loop timer hands
+    over :attr:`DELAY` seconds after its first line (at once when it holds
+    :attr:`MAX_BATCH`): one queue put and one wake-up of the writer per batch, and the
+    writer only joins bytes and writes them, so it hardly holds the GIL the loop needs.
+    Lines not yet written are lost if the process is killed (at most :attr:`DELAY`
+    more than with one write per record). From a thread without a loop a line goes at
+    once.
 
     Args:
-        records: the writer's queue: lists of records, ``None`` to stop it.
+        lines: the writer's queue: lists of encoded lines, ``None`` to stop it.
     """
 
     DELAY = 0.02
-    """Seconds a batch gathers records on the loop before the writer gets it: a
+    """Seconds a batch gathers lines on the loop before the writer gets it: a
     sequential caller's calls then share one hand-over instead of one each."""
     MAX_BATCH = 1024
-    """Records that make a batch go at once, whatever its age."""
+    """Lines that make a batch go at once, whatever its age."""
 
-    def __init__(self, records: queue.SimpleQueue[list[logging.LogRecord] | None]) -> None:
+    def __init__(self, lines: queue.SimpleQueue[list[bytes] | None]) -> None:
         super().__init__()
-        self._records = records
-        self._batch: list[logging.LogRecord] = []
+        self.setFormatter(JsonFormatter())
+        self._lines = lines
+        self._batch: list[bytes] = []
+
+    def add_audit_fields(self, fields: dict[str, Any]) -> None:
+        """Queue one audit record given as its fields (JSON values): the line
+        ``{"ts": <Unix seconds>, **fields}``, as :meth:`emit` would write it."""
+        line = encode_json({"ts": round(time.time(), 6), **fields}) + b"\n"
+        with self.lock or contextlib.nullcontext():
+            self._add(line)
 
     def emit(self, record: logging.LogRecord) -> None:
+        try:  # under the handler's lock (Handler.handle)
+            line = (self.format(record) + "\n").encode()
+        except Exception:  # a record that cannot be formatted, as logging's handlers do
+            self.handleError(record)
+            return
+        self._add(line)
+
+    def _add(self, line: bytes) -> None:
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
-            self._records.put([record])
+            self._lines.put([line])
             return
         batch = self._batch
-        batch.append(record)  # under the handler's lock (Handler.handle)
+        batch.append(line)
         if len(batch) == 1:
             loop.call_later(self.DELAY, self.hand_over)
         elif len(batch) >= self.MAX_BATCH:
@@ -88,59 +111,58 @@ class BatchHandler(logging.Handler):
         with self.lock or contextlib.nullcontext():
             batch, self._batch = self._batch, []
         if batch:
-            self._records.put(batch)
+            self._lines.put(batch)
 
 
 class AuditWriter:
-    """The thread that formats and appends audit records to their file (SPEC I11, O3).
+    """The thread that appends audit lines to their file (SPEC I11, O3).
 
     Args:
-        path: the audit file, opened for appending.
-        records: the queue :class:`BatchHandler` feeds; each batch is written with
-            one write and one flush.
+        path: the audit file, opened for appending (created with its folder's rights).
+        lines: the queue :class:`BatchHandler` feeds; each batch is written with one
+            write and one flush.
         handler: that handler, whose last batch :meth:`close` hands over first.
+
+    A failed write (a full disk) is reported on the operational log, once until a
+    write succeeds again; the thread goes on with the next batch.
     """
 
     def __init__(
         self,
         path: Path,
-        records: queue.SimpleQueue[list[logging.LogRecord] | None],
+        lines: queue.SimpleQueue[list[bytes] | None],
         handler: BatchHandler,
     ) -> None:
-        self._file = logging.FileHandler(path, encoding="utf-8")
-        self._file.setFormatter(JsonFormatter())
-        self._records = records
+        self._path = path
+        self._file = path.open("ab")
+        self._lines = lines
         self._handler = handler
         self._thread = threading.Thread(target=self._run, name="toolbus-audit", daemon=True)
         self._thread.start()
         self._open = True
 
     def _run(self) -> None:
-        file = self._file
-        while (batch := self._records.get()) is not None:
-            lines = []
-            for record in batch:
-                try:
-                    lines.append(file.format(record) + "\n")
-                except Exception:  # a record that cannot be formatted, as logging does
-                    file.handleError(record)
+        failing = False
+        while (batch := self._lines.get()) is not None:
             try:
-                with file.lock or contextlib.nullcontext():
-                    stream = file.stream
-                    assert stream is not None  # opened at construction (delay=False)
-                    stream.write("".join(lines))
-                    stream.flush()
-            except Exception:
-                file.handleError(batch[-1])
+                self._file.write(b"".join(batch))
+                self._file.flush()
+            except OSError as exc:
+                if not failing:
+                    logger.error("%s: writing audit records failed: %s", self._path, exc)
+                failing = True
+                continue
+            failing = False
 
     def close(self) -> None:
         """Write what is queued, stop the thread, close the file. Idempotent."""
         if self._open:
             self._open = False
             self._handler.hand_over()
-            self._records.put(None)
+            self._lines.put(None)
             self._thread.join()
-            self._file.close()
+            with contextlib.suppress(OSError):
+                self._file.close()
 
 
 def setup(level: str, json_logs: bool, audit_file: Path | None) -> AuditWriter | None:
@@ -172,9 +194,9 @@ def setup(level: str, json_logs: bool, audit_file: Path | None) -> AuditWriter |
         # The invoke path only adds the record to a batch; a writer thread formats and
         # writes each batch, so file I/O never runs on the event loop (SPEC I11 on the
         # hot path), and the two threads meet once per batch, not once per call.
-        records: queue.SimpleQueue[list[logging.LogRecord] | None] = queue.SimpleQueue()
-        batches = BatchHandler(records)
-        writer = AuditWriter(audit_file, records, batches)
+        lines: queue.SimpleQueue[list[bytes] | None] = queue.SimpleQueue()
+        batches = BatchHandler(lines)
+        writer = AuditWriter(audit_file, lines, batches)
         atexit.register(writer.close)
         audit.handlers[:] = [batches]
         audit.propagate = False

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from psycopg.conninfo import conninfo_to_dict
 
 from gateway.pg_link import LOCK_TIMEOUT_MS, STATEMENT_TIMEOUT_MS, redact
 from gateway.pg_schema import _LOCK_KEY, MIGRATIONS, SCHEMA_VERSION, SchemaTooNew, migrate
@@ -255,12 +256,19 @@ def test_pg_start_waits_for_another_nodes_migration_past_the_serving_lock_timeou
     schema current and applies nothing."""
     with psycopg.connect(pg_url, autocommit=True) as holder:
         migrate(holder, "test")
-        options = f"-c lock_timeout={LOCK_TIMEOUT_MS} -c statement_timeout={STATEMENT_TIMEOUT_MS}"
+        # The serving connection's timeouts, added to the URL's own options (the test's
+        # search_path): an ``options`` keyword would replace them, and the start would
+        # migrate another schema than the one the holder locks.
+        url_options = conninfo_to_dict(pg_url).get("options") or ""
+        timeouts = f"-c lock_timeout={LOCK_TIMEOUT_MS} -c statement_timeout={STATEMENT_TIMEOUT_MS}"
+        options = f"{url_options} {timeouts}".strip()
         done: list[list[int] | BaseException] = []
+        paths: list[tuple[str] | None] = []
 
         def start() -> None:
             try:
                 with psycopg.connect(pg_url, autocommit=True, options=options) as db:
+                    paths.append(db.execute("SHOW search_path").fetchone())
                     done.append(migrate(db, "test"))
             except BaseException as exc:  # reported by the assert below
                 done.append(exc)
@@ -280,6 +288,7 @@ def test_pg_start_waits_for_another_nodes_migration_past_the_serving_lock_timeou
             time.sleep(3 * LOCK_TIMEOUT_MS / 1000)
             assert done == [], done
         thread.join(timeout=30)
+        assert paths == [holder.execute("SHOW search_path").fetchone()]
     assert done == [[]], done
 
 
