@@ -286,34 +286,23 @@ class Bench:
                 {k: v for k, v in med.items()},
             )
         )
-        ratio_i = med["toolbus_idempotent"] / med["floor"]
-        self.rows.append(
-            Row(
-                "P1i",
-                "same, tool declared idempotent (no I15 ledger commit before the handler)",
-                us(med["floor"]),
-                us(med["toolbus_idempotent"]),
-                "",
-                f"{ratio_i:.2f}x floor",
-                "(info)",
-                None,
-                {"toolbus_idempotent": med["toolbus_idempotent"]},
+        for id_, kind, metric in (
+            ("P1i", "toolbus_idempotent", "tool declared idempotent (no I15 ledger commit first)"),
+            ("P1t", "toolbus_thread", "plain-def handler (thread hop)"),
+        ):
+            self.rows.append(
+                Row(
+                    id_,
+                    f"same, {metric}",
+                    us(med["floor"]),
+                    us(med[kind]),
+                    "",
+                    f"{med[kind] / med['floor']:.2f}x floor",
+                    "(info)",
+                    None,
+                    {kind: med[kind]},
+                )
             )
-        )
-        ratio_t = med["toolbus_thread"] / med["floor"]
-        self.rows.append(
-            Row(
-                "P1t",
-                "same, plain-def handler (thread hop)",
-                us(med["floor"]),
-                us(med["toolbus_thread"]),
-                "",
-                f"{ratio_t:.2f}x floor",
-                "(info)",
-                None,
-                {"toolbus_thread": med["toolbus_thread"]},
-            )
-        )
         ratio_m = med["mcp"] / med["toolbus"]
         self.rows.append(
             Row(
