@@ -23,6 +23,7 @@ from gateway.execute import as_object, run_handler
 from gateway.failures import ToolFailure, describe
 from gateway.hooks import CallInfo, PostHook, PreHook, run_post, run_pre
 from gateway.jobs import JobRunner, PostProcess
+from gateway.ledger import CallLedger
 from gateway.store import JobRow, StoreUnavailable
 from gateway.store_rows import BadValue
 from gateway.workers import Lane
@@ -49,6 +50,7 @@ class Execution:
         pool: the worker lane for plain handlers of sync calls (SPEC S3, E3).
         data_dir: the folder handed to tools as ``ctx.data_dir``.
         authority: the re-check of every gate after each wait (SPEC A7, S6).
+        ledger: the principals' call ids (SPEC I15): a call's rows made durable.
         end: the one exit.
     """
 
@@ -62,6 +64,7 @@ class Execution:
         pool: Lane,
         data_dir: Any,
         authority: Authority,
+        ledger: CallLedger,
         end: CallEnd,
     ) -> None:
         self.catalog = catalog
@@ -72,6 +75,7 @@ class Execution:
         self.pool = pool
         self.data_dir = data_dir
         self.authority = authority
+        self.ledger = ledger
         self.end = end
 
     async def prepare(self, call: Call, tool: ToolDef) -> tuple[ToolContext, CallInfo] | None:
@@ -196,15 +200,9 @@ class Execution:
         """SPEC I8, I14: run with the run timeout; promote past the soft deadline."""
         assert tool.func is not None
         limit = self._run_timeout(tool)
-        session = call.session
-        # A session that gets this call's tool_start commits at once when first in its
-        # tick, so tool_start and result leave in one write; without one, the call
-        # always joins the tick's group commit (one loop turn, no extra write).
-        at_once = session.ungated_tool_start
-        if not tool.idempotent and not await session.outbox.durable(at_once):
+        if not tool.idempotent and not await self.ledger.durable(call.session, call.call_id):
             # SPEC I15, D6: the ledger's "running" row must be durable before a handler
             # with side effects starts, or a crash could make a re-send run it again.
-            # It rides the tick's group commit with every other call's row and event.
             text = "the store cannot commit right now; the tool did not run"
             self.end.error(call, ErrorCode.UNAVAILABLE, text, CallOutcome.UNAVAILABLE)
             return

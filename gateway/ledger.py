@@ -147,6 +147,25 @@ class CallLedger:
         self._live[key] = LiveCall(tool, digest, now)
         self._store.stage_ledger(LedgerRow(*key, tool, digest, "running", None, now))
 
+    async def durable(self, session: Session, call_id: str) -> bool:
+        """SPEC I15, D6: make the call's ``running`` rows durable before its handler
+        starts; ``False`` when they could not be (the handler must not start).
+
+        The store's intent journal (:meth:`Store.keep_intent
+        <gateway.store.Store.keep_intent>`, :mod:`gateway.store_journal`) does it with
+        one append and no loop turn; the rows then ride the next commit with the call's
+        result. Without one (PostgreSQL, a failed append), or while the store's commits
+        fail, they ride the tick's group commit (:meth:`Outbox.durable
+        <gateway.outbox.Outbox.durable>`): a session that gets the call's ``tool_start``
+        commits at once when first in its tick (so ``tool_start`` leaves before the
+        handler runs); otherwise the call joins the group commit (one loop turn, no
+        extra write)."""
+        outbox = session.outbox
+        key = principal_key(session, call_id)
+        if not outbox.failing and self._store.keep_intent(session.id, call_id, key):
+            return True
+        return await outbox.durable(session.ungated_tool_start)
+
     def finish(self, session: Session, call_id: str, body: bytes) -> list[Session]:
         """Record the call's terminal event; returns the sessions to deliver it to
         (those that attached, still open)."""

@@ -43,6 +43,7 @@ from gateway.store_check import StoreDamaged as StoreDamaged
 from gateway.store_check import StoreError as StoreError
 from gateway.store_check import open_checked
 from gateway.store_checkpoint import Checkpointer
+from gateway.store_journal import Intent, open_journal, replay
 from gateway.store_rows import BadValue as BadValue
 from gateway.store_rows import JobRow as JobRow
 from gateway.store_rows import LedgerRow as LedgerRow
@@ -87,6 +88,14 @@ class Store(Protocol):
 
     def ledger(self, tenant: str, user: str, call_id: str) -> LedgerRow | None:
         """The principal's ledger row of ``call_id``, staged or committed (SPEC I15)."""
+
+    def keep_intent(self, session_id: str, call_id: str, key: tuple[str, str, str]) -> bool:
+        """Make the call's staged ``running`` rows (its ledger row ``key`` = tenant,
+        user, call id, and its session's call row) survive a crash without a commit, so
+        its handler may start now (SPEC I15). ``True`` when they are durable: journaled,
+        or already committed. ``False`` when this store cannot (no journal, a failed
+        append): the caller commits them first (:meth:`Outbox.durable
+        <gateway.outbox.Outbox.durable>`)."""
 
     def running_ledger(self) -> list[LedgerRow]:
         """Ledger rows still ``running``: calls a crash or restart cut off (SPEC I15)."""
@@ -229,6 +238,16 @@ class SqliteStore:
             self._db.execute(f"PRAGMA journal_size_limit={WAL_PAGES * 4096}")
             self._checkpointer = Checkpointer(str(path), checkpoint_interval)
         self._batch = SqliteBatch()
+        self._journal = open_journal(self.path)
+        if self._journal is not None:
+            try:
+                replay(self._journal, self._db)
+            except BaseException:
+                self._journal.close()
+                if self._checkpointer is not None:
+                    self._checkpointer.stop()
+                self._db.close()
+                raise
 
     # -- staging ---------------------------------------------------------------------
 
@@ -281,6 +300,18 @@ class SqliteStore:
             self._rollback()
             raise
         self._batch = SqliteBatch()
+        if self._journal is not None:
+            # Every journaled call's rows were staged before this commit: now in the file.
+            self._journal.clear()
+
+    def keep_intent(self, session_id: str, call_id: str, key: tuple[str, str, str]) -> bool:
+        ledger = self._batch.ledger.get(key)
+        if ledger is None:
+            return True  # not staged any more: the rows were committed
+        if self._journal is None or ledger.state != "running":
+            return False
+        staged = self._batch.calls.get((session_id, call_id))
+        return self._journal.append(Intent.of(session_id, call_id, staged, ledger))
 
     def _rollback(self) -> None:
         """End a failed transaction. SQLite may already have rolled it back itself (a
@@ -408,4 +439,6 @@ class SqliteStore:
             logger.error("%s; %d staged events dropped at close", exc, len(self._batch.events))
         if self._checkpointer is not None:
             self._checkpointer.stop()
+        if self._journal is not None:
+            self._journal.close()
         self._db.close()

@@ -44,7 +44,8 @@ def _damaged(path: str, damage: str) -> StoreDamaged:
     return StoreDamaged(
         f"{path}: the store is damaged ({damage}); refusing to start rather than drop its "
         f"sessions and jobs silently. To start fresh on purpose, move {path} and its "
-        f"-wal and -shm files away (their sessions, jobs and event logs are then gone)."
+        f"-wal, -shm and -intent files away (their sessions, jobs and event logs are then "
+        f"gone)."
     )
 
 
@@ -69,16 +70,24 @@ def open_checked(path: str, schema: str) -> sqlite3.Connection:
         db.executescript(schema)
         db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         db.execute("PRAGMA busy_timeout=0")
-    except sqlite3.DatabaseError as exc:
-        db.close()
-        raise _damaged(path, str(exc)) from exc
     except sqlite3.Error as exc:
         db.close()
+        if _is_damage(exc):
+            raise _damaged(path, str(exc)) from exc
+        # Locked past the 5 s wait, busy, unreadable, full: the file may be whole, so
+        # never the damage message (it advises moving the file away).
         raise StoreError(f"{path}: cannot open the store: {exc}") from exc
     except StoreError:
         db.close()
         raise
     return db
+
+
+def _is_damage(exc: sqlite3.Error) -> bool:
+    """Whether SQLite's error says the file itself is damaged (``SQLITE_CORRUPT``,
+    ``SQLITE_NOTADB``, with their extended codes), not locked, busy or unreadable."""
+    name = getattr(exc, "sqlite_errorname", "")
+    return name.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB"))
 
 
 def _check_file(db: sqlite3.Connection, path: str, schema: str) -> None:

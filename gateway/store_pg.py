@@ -300,6 +300,11 @@ class PgStore:
         with contextlib.suppress(StoreUnavailable):
             self.commit()
 
+    def keep_intent(self, session_id: str, call_id: str, key: tuple[str, str, str]) -> bool:
+        """Always ``False``: a node that takes over a dead one must see the ``running``
+        rows in the database, so they are committed before the handler (SPEC I15, N4)."""
+        return False
+
     def ledger(self, tenant: str, user: str, call_id: str) -> LedgerRow | None:
         staged = self._batch.ledger.get((tenant, user, call_id))
         if staged is not None:

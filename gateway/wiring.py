@@ -103,7 +103,9 @@ def build_pipeline(
         Admission(ledger, limits, metrics),
         CallChecks(catalog, end),
         ApprovalGate(approvals, calls, limits, metrics, end),
-        Execution(catalog, jobs, calls, pre_hooks, post_hooks, pool, data_dir, authority, end),
+        Execution(
+            catalog, jobs, calls, pre_hooks, post_hooks, pool, data_dir, authority, ledger, end
+        ),
         end,
     )
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
 import threading
 import time
 from decimal import Decimal
@@ -38,6 +40,16 @@ tools:
     capability: t.ledger
     handler: tests.gateway.ledger_tools:held_charge
     timeout: 0
+    parameters:
+      type: object
+      properties:
+        amount: {type: integer}
+      additionalProperties: false
+  - name: crash_charge
+    description: An async def charge that appends a line, then kills its own process
+      (SIGKILL) before any await, so no commit runs between its start and the crash.
+    capability: t.ledger
+    handler: tests.gateway.ledger_tools:crash_charge
     parameters:
       type: object
       properties:
@@ -168,6 +180,14 @@ def held_charge(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     _append(ctx, f"{ctx.call_id} {params.get('amount', 1)}")
     GATE.started.set()
     GATE.release.wait(WAIT * 3)
+    return {"charged": params.get("amount", 1)}
+
+
+async def crash_charge(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+    """One line per run, then the process dies at once (a real SIGKILL, no clean-up):
+    the call's rows are in the store's intent journal only (SPEC I15)."""
+    _append(ctx, f"{ctx.call_id} {params.get('amount', 1)}")
+    os.kill(os.getpid(), signal.SIGKILL)
     return {"charged": params.get("amount", 1)}
 
 

@@ -370,29 +370,3 @@ class FailingCommits:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
-
-
-async def test_i15_handler_with_side_effects_waits_for_a_durable_ledger_row(
-    tmp_path: Path,
-) -> None:
-    """SPEC I15, D6: when the call's ledger row cannot be committed just before a
-    non-idempotent handler would start, the call ends `call.error unavailable` and the
-    tool does not run (a crash then could not make a re-send run it twice)."""
-    lt.reset()
-    settings = lt.ledger_settings(tmp_path)
-    store = FailingCommits(SqliteStore(settings.data_dir / "toolbus.db"))
-    gw = Gateway(settings, store=store)  # type: ignore[arg-type]
-    await gw.start()
-    try:
-        async with peer(gw) as p:
-            store.failing = True
-            await p.invoke("u1", "held_charge", CHARGE)
-            await wait_until(lambda: gw.outbox.held > 0, "terminal held")
-            store.failing = False
-            answer = await p.terminal("u1")
-            assert (answer["type"], answer["code"]) == ("call.error", ErrorCode.UNAVAILABLE)
-            assert answer["message"] == "the store cannot commit right now; the tool did not run"
-    finally:
-        lt.GATE.release.set()
-        await gw.drain()
-    assert lt.runs(settings.data_dir) == []

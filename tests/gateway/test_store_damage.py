@@ -197,8 +197,8 @@ async def _resume_and_ask(gw: Gateway, p: Peer) -> str:
 def _fresh_advice(db: Path) -> str:
     return (
         f"refusing to start rather than drop its sessions and jobs silently. To start fresh "
-        f"on purpose, move {db} and its -wal and -shm files away (their sessions, jobs and "
-        f"event logs are then gone)."
+        f"on purpose, move {db} and its -wal, -shm and -intent files away (their sessions, "
+        f"jobs and event logs are then gone)."
     )
 
 

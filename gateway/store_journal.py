@@ -1,0 +1,252 @@
+"""The intent journal of a SQLite store: a call's ``running`` rows made durable with one
+``write(2)``, not a commit (SPEC I15, D6; issue 13).
+
+Before a handler with side effects starts, its call's ``running`` rows (the principal's
+ledger row and the session's call row) must survive a crash, so that a re-send never
+runs the tool again (SPEC I15). A SQLite commit of those rows costs a transaction and,
+for a lone call, a loop turn: about a fifth of a sequential call's round trip. The
+journal gets the same guarantee from one append to ``<database>-intent``: once
+``os.write`` returned, the bytes are in the kernel's page cache and survive the
+process being killed, which is exactly what a WAL commit at ``synchronous=NORMAL``
+promises too (neither survives a power loss before the OS writes the pages back).
+
+The rows stay staged, and the store's next commit writes them like any other; the
+journal is emptied (``ftruncate``) after every commit that succeeds, since everything
+written to it by then was staged before that commit began. At open, the store puts
+back every journaled call whose ledger row the file lacks (a crash between the append
+and the commit), before recovery reads the ``running`` rows: recovery then ends those
+calls ``cancelled`` exactly as if the rows had been committed.
+
+Entries are lines of JSON with a newline on both sides, so a torn append (a full disk)
+is a line of its own that does not parse and is skipped: a failed append never
+started its handler, since :meth:`IntentJournal.append` answered ``False``.
+
+One process writes a journal: the store takes an exclusive ``flock`` on it and, when
+another process holds it (two stores on one file), works without one (every call's
+rows are committed before its handler, as without the journal).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gateway.store_check import StoreError
+from gateway.store_rows import LedgerRow, ledger_values
+from protocol.codec import decode_json, encode_json
+
+logger = logging.getLogger("gateway.store")
+
+SUFFIX = "-intent"
+"""The journal of ``toolbus.db`` is ``toolbus.db-intent``, beside its ``-wal`` file."""
+
+
+@dataclass(frozen=True, slots=True)
+class Intent:
+    """One journaled call: the rows its commit would have written (SPEC I15).
+
+    ``note`` is the call row's JSON note (tool, pending approval id) as text.
+    """
+
+    session_id: str
+    call_id: str
+    note: str | None
+    tenant: str
+    user: str
+    tool: str
+    params_hash: str
+    created_at: float
+
+    @classmethod
+    def of(
+        cls, session_id: str, call_id: str, staged: tuple[Any, ...] | None, ledger: LedgerRow
+    ) -> Intent:
+        """The intent of a call from its staged rows: ``staged`` is its call row
+        ``(session_id, call_id, state, body)`` if one is staged, ``ledger`` its ledger row."""
+        body = staged[3] if staged is not None and staged[2] == "running" else None
+        note = None if body is None else body.decode()
+        return cls(
+            session_id,
+            call_id,
+            note,
+            ledger.tenant,
+            ledger.user,
+            ledger.tool,
+            ledger.params_hash,
+            ledger.created_at,
+        )
+
+    def encode(self) -> bytes:
+        """The entry as one journal line, newline on both sides."""
+        return (
+            b"\n"
+            + encode_json(
+                [
+                    self.session_id,
+                    self.call_id,
+                    self.note,
+                    self.tenant,
+                    self.user,
+                    self.tool,
+                    self.params_hash,
+                    self.created_at,
+                ]
+            )
+            + b"\n"
+        )
+
+
+class IntentJournal:
+    """The append-only intent file of one store; all methods run on the event loop.
+
+    Args:
+        path: the journal file (created, mode 0600).
+
+    Raises:
+        OSError: the file cannot be opened or created.
+        BlockingIOError: another process holds its lock (:func:`open_journal` turns
+            this into "no journal").
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(self._fd)
+            raise
+        self._size = os.fstat(self._fd).st_size
+        self._failing = False
+
+    @property
+    def empty(self) -> bool:
+        """Whether nothing was appended since the last :meth:`clear`."""
+        return self._size == 0
+
+    def append(self, intent: Intent) -> bool:
+        """Append ``intent``; ``True`` once all of it is in the file (SPEC I15).
+
+        ``False`` (the disk is full, an I/O error, a short write): the caller must not
+        count on it and commits the rows instead. A failure is logged once, until an
+        append succeeds again.
+        """
+        line = intent.encode()
+        try:
+            written = os.write(self._fd, line)
+        except OSError as exc:
+            self._failed(exc)
+            return False
+        self._size += written
+        if written != len(line):
+            self._failed(OSError(f"short write, {written} of {len(line)} bytes"))
+            return False
+        self._failing = False
+        return True
+
+    def _failed(self, exc: OSError) -> None:
+        if not self._failing:
+            logger.warning("%s: intent journal append failed (commits instead): %s", self.path, exc)
+        self._failing = True
+
+    def clear(self) -> None:
+        """Empty the file: every entry's rows were just committed. A failed truncate
+        leaves the entries; they are harmless (the open skips calls the file has)."""
+        if self._size == 0:
+            return
+        try:
+            os.ftruncate(self._fd, 0)
+        except OSError as exc:
+            logger.warning("%s: intent journal truncate failed: %s", self.path, exc)
+            return
+        self._size = 0
+
+    def read(self) -> list[Intent]:
+        """Every whole entry in the file, in order; torn or foreign lines are skipped."""
+        # Only the file's length: a journal that is a device (``/dev/full`` in a test of
+        # a full disk) would read forever.
+        data = os.pread(self._fd, os.fstat(self._fd).st_size, 0)
+        found = []
+        for line in data.split(b"\n"):
+            if not line:
+                continue
+            try:
+                found.append(Intent(*decode_json(line)))
+            except (ValueError, TypeError):  # not JSON, or not an entry's fields
+                logger.warning("%s: skipped a torn intent journal entry", self.path)
+        return found
+
+    def close(self) -> None:
+        """Release the lock and the file (the kernel does both at exit too)."""
+        with contextlib.suppress(OSError):
+            os.close(self._fd)
+
+
+def open_journal(database: str) -> IntentJournal | None:
+    """The journal beside ``database``, or ``None`` when it cannot be used (an in-memory
+    store; another process holds it; it cannot be opened): the store then commits
+    every call's rows before its handler, as it did without one."""
+    if database == ":memory:":
+        return None
+    path = Path(database + SUFFIX)
+    try:
+        return IntentJournal(path)
+    except BlockingIOError:
+        logger.info("%s: held by another process; calls commit their rows instead", path)
+    except OSError as exc:
+        logger.warning("%s: cannot open the intent journal (%s); calls commit instead", path, exc)
+    return None
+
+
+def replay(journal: IntentJournal, db: sqlite3.Connection) -> None:
+    """Put back the ``running`` rows of calls journaled but never committed (a crash
+    between the append and the commit), then empty the journal. Run at open, before
+    recovery reads the ``running`` rows: recovery ends those calls ``cancelled`` and a
+    re-send never runs them (SPEC I15). A call the file has a ledger row of was
+    committed (a crash between a commit and the truncate): skipped.
+
+    Raises:
+        StoreError: the rows cannot be written now (locked, full, I/O error).
+    """
+    intents = journal.read()
+    if intents:
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            put = sum(_put_back(db, intent) for intent in intents)
+            db.execute("COMMIT")
+        except sqlite3.Error as exc:
+            if db.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    db.execute("ROLLBACK")
+            raise StoreError(f"{journal.path}: cannot put back its calls: {exc}") from exc
+        logger.info(
+            "%s: %d of %d journaled calls were never committed; put back as running",
+            journal.path,
+            put,
+            len(intents),
+        )
+    journal.clear()
+
+
+def _put_back(db: sqlite3.Connection, intent: Intent) -> bool:
+    key = (intent.tenant, intent.user, intent.call_id)
+    if db.execute(
+        "SELECT 1 FROM call_ledger WHERE tenant=? AND user=? AND call_id=?", key
+    ).fetchone():
+        return False
+    row = LedgerRow(*key, intent.tool, intent.params_hash, "running", None, intent.created_at)
+    db.execute("INSERT INTO call_ledger VALUES (?,?,?,?,?,?,?,?)", ledger_values(row))
+    note = None if intent.note is None else intent.note.encode()
+    # The call row only while its session lives (an ended session's rows are gone).
+    db.execute(
+        "INSERT OR REPLACE INTO calls (session_id, call_id, state, body) "
+        "SELECT ?,?,'running',? WHERE EXISTS (SELECT 1 FROM sessions WHERE session_id=?)",
+        (intent.session_id, intent.call_id, note, intent.session_id),
+    )
+    return True
