@@ -194,6 +194,10 @@ CREATE INDEX IF NOT EXISTS call_ledger_by_age ON call_ledger (created_at);
 """
 
 
+JOURNAL_BYTES = 256 * 1024
+"""The intent journal is emptied after the first commit past this size (about 1,700
+calls), and by every ledger purge and a clean close (:mod:`gateway.store_journal`)."""
+
 # A session row's last_seq is written with the row (save, ack); events emitted since are
 # in the log, so the true last seq is the larger of the two. This keeps emit() to a
 # single staged insert.
@@ -299,10 +303,14 @@ class SqliteStore:
         except BaseException:
             self._rollback()
             raise
+        purged = self._batch.ledger_before is not None
         self._batch = SqliteBatch()
-        if self._journal is not None:
-            # Every journaled call's rows were staged before this commit: now in the file.
-            self._journal.clear()
+        journal = self._journal
+        if journal is not None and (purged or journal.size >= JOURNAL_BYTES):
+            # Every journaled call's rows were staged before this commit: now in the
+            # file. Emptied only now and then (a truncate costs ten appends), and with
+            # every ledger purge, so no entry outlives its call's ledger row.
+            journal.clear()
 
     def keep_intent(self, session_id: str, call_id: str, key: tuple[str, str, str]) -> bool:
         ledger = self._batch.ledger.get(key)
@@ -437,6 +445,9 @@ class SqliteStore:
         except StoreUnavailable as exc:
             # Never sent (SPEC D6): no client holds these events, so the log stays whole.
             logger.error("%s; %d staged events dropped at close", exc, len(self._batch.events))
+        else:
+            if self._journal is not None:
+                self._journal.clear()  # everything it names is committed
         if self._checkpointer is not None:
             self._checkpointer.stop()
         if self._journal is not None:

@@ -10,12 +10,16 @@ journal gets the same guarantee from one append to ``<database>-intent``: once
 process being killed, which is exactly what a WAL commit at ``synchronous=NORMAL``
 promises too (neither survives a power loss before the OS writes the pages back).
 
-The rows stay staged, and the store's next commit writes them like any other; the
-journal is emptied (``ftruncate``) after every commit that succeeds, since everything
-written to it by then was staged before that commit began. At open, the store puts
-back every journaled call whose ledger row the file lacks (a crash between the append
-and the commit), before recovery reads the ``running`` rows: recovery then ends those
-calls ``cancelled`` exactly as if the rows had been committed.
+The rows stay staged, and the store's next commit writes them like any other. An entry
+is then spent (everything written to the journal before a commit began was staged, so
+that commit wrote it), but the journal is emptied (``ftruncate``) only now and then: a
+truncate costs about ten appends. The store empties it after a commit once it passes
+:data:`~gateway.store.JOURNAL_BYTES`, with every ledger purge (so no entry outlives
+its call's ledger row, SPEC I15's window) and at a clean close. At open, the store
+puts back every journaled call whose ledger row the file lacks (a crash between the
+append and the commit), before recovery reads the ``running`` rows: recovery then ends
+those calls ``cancelled`` exactly as if the rows had been committed. Spent entries
+name calls the file has: skipped.
 
 Entries are lines of JSON with a newline on both sides, so a torn append (a full disk)
 is a line of its own that does not parse and is skipped: a failed append never
@@ -126,9 +130,9 @@ class IntentJournal:
         self._failing = False
 
     @property
-    def empty(self) -> bool:
-        """Whether nothing was appended since the last :meth:`clear`."""
-        return self._size == 0
+    def size(self) -> int:
+        """Bytes appended since the last :meth:`clear`."""
+        return self._size
 
     def append(self, intent: Intent) -> bool:
         """Append ``intent``; ``True`` once all of it is in the file (SPEC I15).
@@ -156,8 +160,8 @@ class IntentJournal:
         self._failing = True
 
     def clear(self) -> None:
-        """Empty the file: every entry's rows were just committed. A failed truncate
-        leaves the entries; they are harmless (the open skips calls the file has)."""
+        """Empty the file: every entry's rows are committed. A failed truncate leaves
+        the entries; they are harmless (the open skips calls the file has)."""
         if self._size == 0:
             return
         try:

@@ -21,7 +21,7 @@ from websockets.typing import Subprotocol
 
 from gateway.ledger import RESTARTED
 from gateway.server import Gateway
-from gateway.store import LedgerRow, SqliteStore, StoreDamaged, StoreError
+from gateway.store import JOURNAL_BYTES, LedgerRow, SqliteStore, StoreDamaged, StoreError
 from gateway.store_journal import SUFFIX, Intent, IntentJournal, open_journal
 from protocol.errors import ErrorCode
 from tests.gateway import ledger_tools as lt
@@ -134,7 +134,7 @@ def test_i15_a_torn_entry_is_skipped_and_whole_ones_are_kept(tmp_path: Path) -> 
     assert journal.append(second)
     assert journal.read() == [first, second]
     journal.clear()
-    assert journal.empty
+    assert journal.size == 0
     assert path.stat().st_size == 0
     journal.close()
 
@@ -258,3 +258,43 @@ def test_i15_a_locked_file_at_open_keeps_the_journal_for_the_next_start(tmp_path
         )
     finally:
         store.close()
+
+
+def test_i15_spent_entries_go_with_a_purge_or_past_the_size_bound(tmp_path: Path) -> None:
+    """A commit leaves its calls' entries in the journal (a truncate costs ten appends);
+    the journal is emptied by the first commit past `JOURNAL_BYTES`, by every ledger
+    purge (so no entry outlives its ledger row) and by a clean close."""
+    db = tmp_path / "toolbus.db"
+    journal_path = Path(str(db) + SUFFIX)
+    store = SqliteStore(db)
+
+    def call(n: int) -> None:
+        key = ("", "alice", f"c{n}")
+        store.stage_call("s1", key[2], "running", b'{"tool":"t"}')
+        store.stage_ledger(LedgerRow(*key, "t", "h", "running", None, 1.0))
+        assert store.keep_intent("s1", key[2], key)
+        store.commit()
+
+    try:
+        call(0)
+        assert journal_path.stat().st_size == len(
+            Intent("s1", "c0", '{"tool":"t"}', "", "alice", "t", "h", 1.0).encode()
+        )
+        store.purge_ledger(0.0)  # commits the purge: nothing was that old
+        assert journal_path.stat().st_size == 0
+        n, before = 0, 0
+        while True:  # until a commit empties it
+            n += 1
+            call(n)
+            size = journal_path.stat().st_size
+            if size == 0:
+                break
+            assert size < JOURNAL_BYTES
+            before = size
+        entry = Intent("s1", f"c{n}", '{"tool":"t"}', "", "alice", "t", "h", 1.0).encode()
+        assert before + len(entry) >= JOURNAL_BYTES  # emptied by the commit past the bound
+        call(n + 1)
+        assert journal_path.stat().st_size > 0
+    finally:
+        store.close()
+    assert journal_path.stat().st_size == 0
