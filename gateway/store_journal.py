@@ -212,8 +212,8 @@ def replay(journal: IntentJournal, db: sqlite3.Connection) -> None:
     """Put back the ``running`` rows of calls journaled but never committed (a crash
     between the append and the commit), then empty the journal. Run at open, before
     recovery reads the ``running`` rows: recovery ends those calls ``cancelled`` and a
-    re-send never runs them (SPEC I15). A call the file has a ledger row of was
-    committed (a crash between a commit and the truncate): skipped.
+    re-send never runs them (SPEC I15). A call whose ledger row the file has was
+    committed (a spent entry): skipped.
 
     Raises:
         StoreError: the rows cannot be written now (locked, full, I/O error).
@@ -229,12 +229,12 @@ def replay(journal: IntentJournal, db: sqlite3.Connection) -> None:
                 with contextlib.suppress(sqlite3.Error):
                     db.execute("ROLLBACK")
             raise StoreError(f"{journal.path}: cannot put back its calls: {exc}") from exc
-        logger.info(
-            "%s: %d of %d journaled calls were never committed; put back as running",
-            journal.path,
-            put,
-            len(intents),
-        )
+        if put:
+            logger.info(
+                "%s: %d journaled calls were never committed; put back as running",
+                journal.path,
+                put,
+            )
     journal.clear()
 
 
