@@ -153,18 +153,23 @@ class CallLedger:
 
         The store's intent journal (:meth:`Store.keep_intent
         <gateway.store.Store.keep_intent>`, :mod:`gateway.store_journal`) does it with
-        one append and no loop turn; the rows then ride the next commit with the call's
-        result. Without one (PostgreSQL, a failed append), or while the store's commits
-        fail, they ride the tick's group commit (:meth:`Outbox.durable
+        one append and no loop turn for a call admitted since the last commit, in a
+        session that does not get ungated ``tool_start``; the rows then ride the next
+        commit with the call's result. Otherwise (PostgreSQL, a failed append, a call
+        whose approval was decided, a session that gets its ``tool_start``, commits
+        failing) they ride the tick's group commit (:meth:`Outbox.durable
         <gateway.outbox.Outbox.durable>`): a session that gets the call's ``tool_start``
         commits at once when first in its tick (so ``tool_start`` leaves before the
         handler runs); otherwise the call joins the group commit (one loop turn, no
         extra write)."""
         outbox = session.outbox
+        ungated = session.ungated_tool_start
+        # A session that gets ungated tool_start must find it in its log after a crash
+        # (SPEC A6: every started tool emits one): only the commit keeps it.
         key = principal_key(session, call_id)
-        if not outbox.failing and self._store.keep_intent(session.id, call_id, key):
+        if not ungated and not outbox.failing and self._store.keep_intent(session.id, call_id, key):
             return True
-        return await outbox.durable(session.ungated_tool_start)
+        return await outbox.durable(ungated)
 
     def finish(self, session: Session, call_id: str, body: bytes) -> list[Session]:
         """Record the call's terminal event; returns the sessions to deliver it to

@@ -43,7 +43,7 @@ from gateway.store_check import StoreDamaged as StoreDamaged
 from gateway.store_check import StoreError as StoreError
 from gateway.store_check import open_checked
 from gateway.store_checkpoint import Checkpointer
-from gateway.store_journal import Intent, open_journal, replay
+from gateway.store_journal import Intent, open_replayed
 from gateway.store_rows import BadValue as BadValue
 from gateway.store_rows import JobRow as JobRow
 from gateway.store_rows import LedgerRow as LedgerRow
@@ -92,10 +92,10 @@ class Store(Protocol):
     def keep_intent(self, session_id: str, call_id: str, key: tuple[str, str, str]) -> bool:
         """Make the call's staged ``running`` rows (its ledger row ``key`` = tenant,
         user, call id, and its session's call row) survive a crash without a commit, so
-        its handler may start now (SPEC I15). ``True`` when they are durable: journaled,
-        or already committed. ``False`` when this store cannot (no journal, a failed
-        append): the caller commits them first (:meth:`Outbox.durable
-        <gateway.outbox.Outbox.durable>`)."""
+        its handler may start now (SPEC I15). ``True`` when they are journaled.
+        ``False`` when this store cannot (no journal, a failed append, the last commit
+        failed, or the rows are not staged: committed earlier, with more staged since):
+        the caller commits first (:meth:`Outbox.durable <gateway.outbox.Outbox.durable>`)."""
 
     def running_ledger(self) -> list[LedgerRow]:
         """Ledger rows still ``running``: calls a crash or restart cut off (SPEC I15)."""
@@ -242,16 +242,14 @@ class SqliteStore:
             self._db.execute(f"PRAGMA journal_size_limit={WAL_PAGES * 4096}")
             self._checkpointer = Checkpointer(str(path), checkpoint_interval)
         self._batch = SqliteBatch()
-        self._journal = open_journal(self.path)
-        if self._journal is not None:
-            try:
-                replay(self._journal, self._db)
-            except BaseException:
-                self._journal.close()
-                if self._checkpointer is not None:
-                    self._checkpointer.stop()
-                self._db.close()
-                raise
+        self._commit_failed = False  # the last attempt (a purge's too) failed (SPEC D6)
+        try:
+            self._journal = open_replayed(self.path, self._db)
+        except BaseException:
+            if self._checkpointer is not None:
+                self._checkpointer.stop()
+            self._db.close()
+            raise
 
     # -- staging ---------------------------------------------------------------------
 
@@ -289,6 +287,7 @@ class SqliteStore:
         if not self._batch.dirty:
             return
         db = self._db
+        self._commit_failed = True  # until this attempt succeeds
         try:
             # IMMEDIATE takes the write lock first: a file locked by another connection
             # fails here, before anything is written (busy_timeout 0: at once).
@@ -303,6 +302,7 @@ class SqliteStore:
         except BaseException:
             self._rollback()
             raise
+        self._commit_failed = False
         purged = self._batch.ledger_before is not None
         self._batch = SqliteBatch()
         journal = self._journal
@@ -314,9 +314,10 @@ class SqliteStore:
 
     def keep_intent(self, session_id: str, call_id: str, key: tuple[str, str, str]) -> bool:
         ledger = self._batch.ledger.get(key)
-        if ledger is None:
-            return True  # not staged any more: the rows were committed
-        if self._journal is None or ledger.state != "running":
+        # Not staged: committed earlier (a gated call, with its tool_start), and what was
+        # staged since (the approval's outcome) must be committed too (SPEC A3).
+        usable = ledger is not None and ledger.state == "running" and not self._commit_failed
+        if self._journal is None or ledger is None or not usable:
             return False
         staged = self._batch.calls.get((session_id, call_id))
         return self._journal.append(Intent.of(session_id, call_id, staged, ledger))
@@ -452,4 +453,5 @@ class SqliteStore:
             self._checkpointer.stop()
         if self._journal is not None:
             self._journal.close()
+            self._journal = None
         self._db.close()

@@ -25,9 +25,19 @@ Entries are lines of JSON with a newline on both sides, so a torn append (a full
 is a line of its own that does not parse and is skipped: a failed append never
 started its handler, since :meth:`IntentJournal.append` answered ``False``.
 
+The journal carries only a call's own two rows, so it is used only when nothing else
+must be durable before the handler (:meth:`CallLedger.durable
+<gateway.ledger.CallLedger.durable>`, :meth:`SqliteStore.keep_intent
+<gateway.store.SqliteStore.keep_intent>`): the call was admitted since the last
+commit (a gated call's rows were committed with its ``tool_start``, and the approval's
+outcome since must be committed before its handler, SPEC A3), its session does not get
+ungated ``tool_start`` (that event must be in the log of a started tool, SPEC A6), and
+the store's last commit succeeded (SPEC D6). Otherwise the rows are committed first.
+
 One process writes a journal: the store takes an exclusive ``flock`` on it and, when
-another process holds it (two stores on one file), works without one (every call's
-rows are committed before its handler, as without the journal).
+another process holds it (two stores on one file), works without one; so it does when
+the journal is not a regular file (``/dev/null`` would keep nothing) or after a
+truncate failed (it would only grow).
 """
 
 from __future__ import annotations
@@ -37,6 +47,7 @@ import fcntl
 import logging
 import os
 import sqlite3
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -86,6 +97,16 @@ class Intent:
             ledger.created_at,
         )
 
+    def well_formed(self) -> bool:
+        """Whether every field has its type (a line read back may be anything)."""
+        texts = (self.session_id, self.call_id, self.tenant, self.user, self.tool)
+        return (
+            all(isinstance(v, str) for v in (*texts, self.params_hash))
+            and (self.note is None or isinstance(self.note, str))
+            and isinstance(self.created_at, int | float)
+            and not isinstance(self.created_at, bool)
+        )
+
     def encode(self) -> bytes:
         """The entry as one journal line, newline on both sides."""
         return (
@@ -128,6 +149,8 @@ class IntentJournal:
             raise
         self._size = os.fstat(self._fd).st_size
         self._failing = False
+        self._broken = False
+        """A truncate failed: the journal takes no more entries (it would only grow)."""
 
     @property
     def size(self) -> int:
@@ -141,6 +164,8 @@ class IntentJournal:
         count on it and commits the rows instead. A failure is logged once, until an
         append succeeds again.
         """
+        if self._broken:
+            return False
         line = intent.encode()
         try:
             written = os.write(self._fd, line)
@@ -167,7 +192,13 @@ class IntentJournal:
         try:
             os.ftruncate(self._fd, 0)
         except OSError as exc:
-            logger.warning("%s: intent journal truncate failed: %s", self.path, exc)
+            if not self._broken:
+                logger.warning(
+                    "%s: intent journal truncate failed (calls commit instead from now on): %s",
+                    self.path,
+                    exc,
+                )
+            self._broken = True
             return
         self._size = 0
 
@@ -181,10 +212,18 @@ class IntentJournal:
             if not line:
                 continue
             try:
-                found.append(Intent(*decode_json(line)))
+                intent = Intent(*decode_json(line))
             except (ValueError, TypeError):  # not JSON, or not an entry's fields
+                intent = None
+            if intent is None or not intent.well_formed():
                 logger.warning("%s: skipped a torn intent journal entry", self.path)
+                continue
+            found.append(intent)
         return found
+
+    def fileno(self) -> int:
+        """The journal's file descriptor."""
+        return self._fd
 
     def close(self) -> None:
         """Release the lock and the file (the kernel does both at exit too)."""
@@ -200,12 +239,35 @@ def open_journal(database: str) -> IntentJournal | None:
         return None
     path = Path(database + SUFFIX)
     try:
-        return IntentJournal(path)
+        journal = IntentJournal(path)
     except BlockingIOError:
         logger.info("%s: held by another process; calls commit their rows instead", path)
+        return None
     except OSError as exc:
         logger.warning("%s: cannot open the intent journal (%s); calls commit instead", path, exc)
-    return None
+        return None
+    if not stat.S_ISREG(os.fstat(journal.fileno()).st_mode):
+        # A device or a FIFO is no journal (writes to /dev/null succeed and keep nothing).
+        logger.warning("%s is not a regular file; calls commit their rows instead", path)
+        journal.close()
+        return None
+    return journal
+
+
+def open_replayed(database: str, db: sqlite3.Connection) -> IntentJournal | None:
+    """:func:`open_journal`, then :func:`replay` into ``db`` (the store's connection).
+
+    Raises:
+        StoreError: the journaled calls cannot be put back now (the journal is closed).
+    """
+    journal = open_journal(database)
+    if journal is not None:
+        try:
+            replay(journal, db)
+        except BaseException:
+            journal.close()
+            raise
+    return journal
 
 
 def replay(journal: IntentJournal, db: sqlite3.Connection) -> None:
@@ -221,6 +283,8 @@ def replay(journal: IntentJournal, db: sqlite3.Connection) -> None:
     intents = journal.read()
     if intents:
         try:
+            # Start-up may wait on a lock, as the open did; the loop's connection never.
+            db.execute("PRAGMA busy_timeout=5000")
             db.execute("BEGIN IMMEDIATE")
             put = sum(_put_back(db, intent) for intent in intents)
             db.execute("COMMIT")
@@ -229,6 +293,9 @@ def replay(journal: IntentJournal, db: sqlite3.Connection) -> None:
                 with contextlib.suppress(sqlite3.Error):
                     db.execute("ROLLBACK")
             raise StoreError(f"{journal.path}: cannot put back its calls: {exc}") from exc
+        finally:
+            with contextlib.suppress(sqlite3.Error):
+                db.execute("PRAGMA busy_timeout=0")
         if put:
             logger.info(
                 "%s: %d journaled calls were never committed; put back as running",
@@ -240,16 +307,20 @@ def replay(journal: IntentJournal, db: sqlite3.Connection) -> None:
 
 def _put_back(db: sqlite3.Connection, intent: Intent) -> bool:
     key = (intent.tenant, intent.user, intent.call_id)
-    if db.execute(
-        "SELECT 1 FROM call_ledger WHERE tenant=? AND user=? AND call_id=?", key
-    ).fetchone():
-        return False
+    found = db.execute(
+        "SELECT created_at FROM call_ledger WHERE tenant=? AND user=? AND call_id=?", key
+    ).fetchone()
+    if found is not None and found[0] >= intent.created_at:
+        return False  # this call's row (or a later one's) was committed: a spent entry
+    # No row, or an older one: the key was used again after its window, before the
+    # purge deleted the old row (SPEC I15), and this run was never committed.
     row = LedgerRow(*key, intent.tool, intent.params_hash, "running", None, intent.created_at)
-    db.execute("INSERT INTO call_ledger VALUES (?,?,?,?,?,?,?,?)", ledger_values(row))
+    db.execute("INSERT OR REPLACE INTO call_ledger VALUES (?,?,?,?,?,?,?,?)", ledger_values(row))
     note = None if intent.note is None else intent.note.encode()
-    # The call row only while its session lives (an ended session's rows are gone).
+    # The call row only while its session lives (an ended session's rows are gone), and
+    # never over a row the session already has (a recorded outcome stays, SPEC I12).
     db.execute(
-        "INSERT OR REPLACE INTO calls (session_id, call_id, state, body) "
+        "INSERT OR IGNORE INTO calls (session_id, call_id, state, body) "
         "SELECT ?,?,'running',? WHERE EXISTS (SELECT 1 FROM sessions WHERE session_id=?)",
         (intent.session_id, intent.call_id, note, intent.session_id),
     )

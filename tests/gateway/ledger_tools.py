@@ -55,6 +55,16 @@ tools:
       properties:
         amount: {type: integer}
       additionalProperties: false
+  - name: crash_gated
+    description: crash_charge behind the user's approval.
+    capability: t.ledger
+    requires_approval: true
+    handler: tests.gateway.ledger_tools:crash_charge
+    parameters:
+      type: object
+      properties:
+        amount: {type: integer}
+      additionalProperties: false
   - name: held_async
     description: An async def charge; appends a line, then waits for the test's release.
     capability: t.ledger

@@ -1,10 +1,12 @@
 """The SQLite store's intent journal (SPEC I15, D6; ``gateway/store_journal.py``).
 
 A call of a tool with side effects may start its handler once its ``running`` rows are
-in the journal (one ``write(2)``), before any commit. These tests make the faults real:
-the server process is killed with SIGKILL right after the handler started (no commit
-ran in between, which the test checks in the file), the journal is ``/dev/full``, a
-torn entry is in the file, another process holds the journal's lock.
+in the journal (one ``write(2)``), before any commit, when nothing else must be durable
+first (SPEC A3, A6, D6). These tests make the faults real: the server process is killed
+with SIGKILL right after the handler started (the test checks what the file holds),
+the journal is ``/dev/full`` or ``/dev/null``, a torn or wrongly typed entry is in the
+file, another open holds the journal's lock, another connection holds the database's
+write lock.
 """
 
 from __future__ import annotations
@@ -12,7 +14,10 @@ from __future__ import annotations
 import fcntl
 import os
 import sqlite3
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -30,6 +35,66 @@ from tests.support import Peer, peer, running, script_server
 
 SUB = Subprotocol("toolbus.v1")
 CHARGE = {"amount": 100}
+GATED_ONLY = {"tool_start": "gated"}
+"""The hello option of a session that gets `tool_start` for gated calls only (SPEC A6):
+its calls start on the journal alone."""
+
+
+async def crash_and_resume(
+    tmp_path: Path, tool: str, options: dict[str, str] | None, decide: str | None = None
+) -> tuple[list[dict[str, Any]], list[tuple[str, ...]]]:
+    """Start ``tool`` (call `x1`) on a server in its own process whose handler SIGKILLs
+    it (after ``decide`` on its approval, if given); return the call's events the
+    resumed session gets on the next server (a replay from its welcome's `last_seq`), up
+    to the terminal one, and the call's ledger rows as the killed process left the file."""
+    settings = lt.ledger_settings(tmp_path)
+    db = settings.data_dir / "toolbus.db"
+    hello: dict[str, Any] = {} if options is None else {"options": options}
+    async with (
+        script_server(SERVER_SCRIPT, str(tmp_path)) as first,
+        connect(f"ws://127.0.0.1:{first.port}/", subprotocols=[SUB]) as ws,
+    ):
+        a = Peer(ws)
+        welcome = await a.hello(**hello)
+        await a.invoke("x1", tool, CHARGE)
+        if decide is not None:
+            start = await a.expect("tool_start", call_id="x1")
+            await a.send(
+                {"type": "tool.confirm", "approval_id": start["approval_id"], "decision": decide}
+            )
+        assert await first.proc.wait() == -9
+    left = committed_ledger(db, "x1")
+    seen: list[dict[str, Any]] = []
+    async with (
+        running(settings) as gw,
+        peer(
+            gw,
+            session_id=welcome["session_id"],
+            resume_token=welcome["resume_token"],
+            last_seq=welcome["last_seq"],
+            **hello,
+        ) as resumed,
+    ):
+        assert resumed.welcome["resumed"] is True
+        await resumed.terminal("x1")
+        seen = [m for m in resumed.seen if m.get("call_id") == "x1"]
+    assert lt.runs(settings.data_dir) == ["x1 100"]
+    return seen, left
+
+
+@asynccontextmanager
+async def failing_gateway(settings: Any, db: Path) -> AsyncIterator[tuple[Gateway, Any]]:
+    """A gateway on the store ``db`` whose commits the test fails at will
+    (:class:`FailingCommits`); the ledger tools' gates are opened before the drain."""
+    store = FailingCommits(SqliteStore(db))
+    gw = Gateway(settings, store=store)  # type: ignore[arg-type]
+    await gw.start()
+    try:
+        yield gw, store
+    finally:
+        lt.GATE.release.set()
+        lt.GATE.jobs.set()
+        await gw.drain()
 
 
 def journal_call_ids(db: Path) -> list[str]:
@@ -51,10 +116,11 @@ def committed_ledger(db: Path, call_id: str) -> list[tuple[str, ...]]:
 async def test_i15_a_call_killed_before_any_commit_comes_back_from_the_journal(
     tmp_path: Path,
 ) -> None:
-    """SPEC I15, D3: the handler starts with its rows only in the journal, and the
-    process is SIGKILLed before any commit. The next server puts the rows back: the
-    resumed session gets the call's `cancelled`, a re-send from a new session of the
-    principal gets the same recorded outcome, and the tool ran once."""
+    """SPEC I15, D3: in a session that asked for `tool_start: gated`, the handler starts
+    with its rows only in the journal, and the process is SIGKILLed before any commit.
+    The next server puts the rows back: the resumed session gets the call's
+    `cancelled`, a re-send from a new session of the principal gets the same recorded
+    outcome, and the tool ran once."""
     settings = lt.ledger_settings(tmp_path)
     db = settings.data_dir / "toolbus.db"
     async with (
@@ -62,7 +128,7 @@ async def test_i15_a_call_killed_before_any_commit_comes_back_from_the_journal(
         connect(f"ws://127.0.0.1:{first.port}/", subprotocols=[SUB]) as ws,
     ):
         a = Peer(ws)
-        welcome = await a.hello()
+        welcome = await a.hello(options=GATED_ONLY)
         await a.invoke("k1", "crash_charge", CHARGE)
         assert await first.proc.wait() == -9
     assert lt.runs(settings.data_dir) == ["k1 100"]
@@ -101,23 +167,17 @@ async def test_i15_a_journaled_call_runs_once_when_the_next_commit_fails(
     delivered once; the tool ran once."""
     lt.reset()
     settings = lt.ledger_settings(tmp_path)
-    store = FailingCommits(SqliteStore(settings.data_dir / "toolbus.db"))
-    gw = Gateway(settings, store=store)  # type: ignore[arg-type]
-    await gw.start()
-    try:
-        async with peer(gw) as p:
-            store.failing = True
-            await p.invoke("j1", "held_async", CHARGE)
-            await wait_until(lambda: lt.runs(settings.data_dir) == ["j1 100"], "started")
-            lt.GATE.jobs.set()
-            await wait_until(lambda: gw.outbox.held > 0, "result held")
-            assert committed_ledger(settings.data_dir / "toolbus.db", "j1") == []
-            store.failing = False
-            answer = await p.terminal("j1")
-            assert (answer["type"], answer["result"]) == ("result", {"charged": 100})
-    finally:
+    db = settings.data_dir / "toolbus.db"
+    async with failing_gateway(settings, db) as (gw, store), peer(gw, options=GATED_ONLY) as p:
+        store.failing = True
+        await p.invoke("j1", "held_async", CHARGE)
+        await wait_until(lambda: lt.runs(settings.data_dir) == ["j1 100"], "started")
         lt.GATE.jobs.set()
-        await gw.drain()
+        await wait_until(lambda: gw.outbox.held > 0, "result held")
+        assert committed_ledger(db, "j1") == []
+        store.failing = False
+        answer = await p.terminal("j1")
+        assert (answer["type"], answer["result"]) == ("result", {"charged": 100})
     assert lt.runs(settings.data_dir) == ["j1 100"]
 
 
@@ -204,29 +264,22 @@ def test_i15_a_journaled_call_whose_rows_were_committed_is_not_put_back(tmp_path
 
 
 async def test_i15_a_full_journal_falls_back_to_the_commit(tmp_path: Path) -> None:
-    """SPEC I15, D6: the journal is a full disk (``/dev/full``): the append fails, the
-    call's rows are committed before its handler instead, and when that commit fails
-    too the call ends `unavailable` and the tool does not run."""
+    """SPEC I15, D6: the journal is a device (``/dev/full``), not a file: the store
+    opens none, the call's rows are committed before its handler instead, and when that
+    commit fails the call ends `unavailable` and the tool does not run."""
     lt.reset()
     settings = lt.ledger_settings(tmp_path)
     db = settings.data_dir / "toolbus.db"
     os.makedirs(db.parent, exist_ok=True)
     os.symlink("/dev/full", str(db) + SUFFIX)
-    store = FailingCommits(SqliteStore(db))
-    gw = Gateway(settings, store=store)  # type: ignore[arg-type]
-    await gw.start()
-    try:
-        async with peer(gw) as p:
-            store.failing = True
-            await p.invoke("u1", "held_charge", CHARGE)
-            await wait_until(lambda: gw.outbox.held > 0, "terminal held")
-            store.failing = False
-            answer = await p.terminal("u1")
-            assert (answer["type"], answer["code"]) == ("call.error", ErrorCode.UNAVAILABLE)
-            assert answer["message"] == "the store cannot commit right now; the tool did not run"
-    finally:
-        lt.GATE.release.set()
-        await gw.drain()
+    async with failing_gateway(settings, db) as (gw, store), peer(gw, options=GATED_ONLY) as p:
+        store.failing = True
+        await p.invoke("u1", "held_charge", CHARGE)
+        await wait_until(lambda: gw.outbox.held > 0, "terminal held")
+        store.failing = False
+        answer = await p.terminal("u1")
+        assert (answer["type"], answer["code"]) == ("call.error", ErrorCode.UNAVAILABLE)
+        assert answer["message"] == "the store cannot commit right now; the tool did not run"
     assert lt.runs(settings.data_dir) == []
 
 
@@ -298,3 +351,131 @@ def test_i15_spent_entries_go_with_a_purge_or_past_the_size_bound(tmp_path: Path
     finally:
         store.close()
     assert journal_path.stat().st_size == 0
+
+
+async def test_a6_a_session_with_ungated_tool_start_finds_it_after_a_crash(
+    tmp_path: Path,
+) -> None:
+    """SPEC A6, I15: a session that gets every `tool_start` commits it before the
+    handler (no journal for its calls): killed right after the start, the resumed
+    session gets the `tool_start`, then the restart's `cancelled`."""
+    seen, left = await crash_and_resume(tmp_path, "crash_charge", None)
+    assert left == [("running", "crash_charge")]
+    assert [(m["type"], m.get("call_id")) for m in seen] == [
+        ("tool_start", "x1"),
+        ("call.error", "x1"),
+    ]
+    assert (seen[1]["code"], seen[1]["message"]) == (ErrorCode.CANCELLED, RESTARTED)
+
+
+async def test_a3_an_allowed_call_killed_in_its_handler_stays_allowed(tmp_path: Path) -> None:
+    """SPEC A3, A6, I15: a gated call's rows were committed with its `tool_start`; after
+    the user's `allow` its handler starts only once the approval's outcome is committed
+    too, so the process killed in the handler leaves `allowed` by the user, and the
+    resumed session gets that `tool.resolved`, then `cancelled`; never `denied`."""
+    seen, left = await crash_and_resume(tmp_path, "crash_gated", GATED_ONLY, decide="allow")
+    assert left == [("running", "crash_gated")]
+    kinds = [(m["type"], m.get("resolution"), m.get("reason")) for m in seen]
+    assert kinds == [
+        ("tool_start", None, None),
+        ("tool.resolved", "allowed", "user"),
+        ("call.error", None, None),
+    ]
+    assert (seen[2]["code"], seen[2]["message"]) == (ErrorCode.CANCELLED, RESTARTED)
+
+
+def test_i15_a_key_used_again_after_its_window_is_put_back_over_the_old_row(
+    tmp_path: Path,
+) -> None:
+    """SPEC I15: a call id used again after its window, before the purge deleted the
+    old row, runs anew; killed before its commit, the journal puts the new run back over
+    the old row, so a re-send finds it (and recovery ends it) instead of running it a
+    second time."""
+    db = tmp_path / "toolbus.db"
+    store = SqliteStore(db)
+    store.stage_ledger(LedgerRow("", "alice", "X", "t", "h", "done", b"{}", 1000.0))
+    store.commit()
+    store.close()
+    again = Intent("s2", "X", '{"tool":"t"}', "", "alice", "t", "h", 1000.0 + 86_430)
+    Path(str(db) + SUFFIX).write_bytes(again.encode())
+    reopened = SqliteStore(db)
+    try:
+        assert reopened.ledger("", "alice", "X") == LedgerRow(
+            "", "alice", "X", "t", "h", "running", None, 1000.0 + 86_430
+        )
+        assert reopened.running_ledger() == [reopened.ledger("", "alice", "X")]
+    finally:
+        reopened.close()
+
+
+def test_i15_a_journal_that_is_not_a_file_is_not_used(tmp_path: Path) -> None:
+    """A device is no journal: `/dev/null` would take every append and keep nothing.
+    The store opens none and commits a call's rows before its handler."""
+    db = tmp_path / "toolbus.db"
+    os.symlink("/dev/null", str(db) + SUFFIX)
+    store = SqliteStore(db)
+    try:
+        store.stage_call("s1", "c1", "running", b'{"tool":"t"}')
+        store.stage_ledger(LedgerRow("", "alice", "c1", "t", "h", "running", None, 1.0))
+        assert store.keep_intent("s1", "c1", ("", "alice", "c1")) is False
+    finally:
+        store.close()
+
+
+def test_i15_a_failed_append_answers_false_and_is_logged_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The kernel refuses the write (`/dev/full`: ENOSPC): `append` answers False, so
+    the caller commits instead; the failure is logged once, not per call."""
+    journal = IntentJournal(Path("/dev/full"))
+    entry = Intent("s1", "c1", None, "", "alice", "t", "h", 1.0)
+    try:
+        with caplog.at_level("WARNING", logger="gateway.store"):
+            assert journal.append(entry) is False
+            assert journal.append(entry) is False
+    finally:
+        journal.close()
+    failures = [r.getMessage() for r in caplog.records if "append failed" in r.getMessage()]
+    refused = "[Errno 28] No space left on device"
+    assert failures == [f"/dev/full: intent journal append failed (commits instead): {refused}"]
+
+
+def test_i15_a_line_of_the_wrong_shape_is_skipped(tmp_path: Path) -> None:
+    """A line that parses as JSON with the wrong field types (a damaged or foreign file)
+    is skipped like a torn one, not a crash at start."""
+    path = tmp_path / ("db" + SUFFIX)
+    whole = Intent("s1", "c1", None, "", "alice", "t", "h", 1.0)
+    path.write_bytes(
+        b'\n["s1","c0",7,"","alice","t","h",1.0]\n'
+        + b'\n["s1","c0",null,"","alice","t","h",true]\n'
+        + whole.encode()
+    )
+    journal = IntentJournal(path)
+    try:
+        assert journal.read() == [whole]
+    finally:
+        journal.close()
+
+
+def test_d6_no_call_starts_on_the_journal_after_a_failed_commit(tmp_path: Path) -> None:
+    """SPEC D6: another connection holds the write lock, so a commit (here the purge's)
+    fails; until a commit succeeds again, a call's rows are not journaled (the caller
+    commits first, and that commit fails: the handler does not start)."""
+    db = tmp_path / "toolbus.db"
+    store = SqliteStore(db)
+    holder = sqlite3.connect(db, isolation_level=None)
+    try:
+        store.stage_call("s1", "c1", "running", b'{"tool":"t"}')
+        store.stage_ledger(LedgerRow("", "alice", "c1", "t", "h", "running", None, 1.0))
+        holder.execute("BEGIN IMMEDIATE")
+        with pytest.raises(StoreError, match="database is locked"):
+            store.commit()
+        assert store.keep_intent("s1", "c1", ("", "alice", "c1")) is False
+        holder.execute("ROLLBACK")
+        store.commit()
+        store.stage_call("s1", "c2", "running", b'{"tool":"t"}')
+        store.stage_ledger(LedgerRow("", "alice", "c2", "t", "h", "running", None, 2.0))
+        assert store.keep_intent("s1", "c2", ("", "alice", "c2")) is True
+    finally:
+        holder.close()
+        store.close()
