@@ -331,7 +331,7 @@ class Outbox:
     def failing(self) -> bool:
         """Whether the last commit attempt failed (SPEC D6): until one succeeds, a call's
         rows are committed before its handler, not journaled (see
-        :meth:`Execution._intent_durable <gateway.execution.Execution._intent_durable>`)."""
+        :meth:`CallLedger.durable <gateway.ledger.CallLedger.durable>`)."""
         return self.failing_since is not None
 
     @property

@@ -242,7 +242,7 @@ class SqliteStore:
             self._db.execute(f"PRAGMA journal_size_limit={WAL_PAGES * 4096}")
             self._checkpointer = Checkpointer(str(path), checkpoint_interval)
         self._batch = SqliteBatch()
-        self._commit_failed = False  # the last attempt (a purge's too) failed (SPEC D6)
+        self._commit_failed = False  # whether the last attempt (a purge's too) failed, D6
         try:
             self._journal = open_replayed(self.path, self._db)
         except BaseException:
@@ -314,13 +314,13 @@ class SqliteStore:
 
     def keep_intent(self, session_id: str, call_id: str, key: tuple[str, str, str]) -> bool:
         ledger = self._batch.ledger.get(key)
+        journal = None if self._commit_failed else self._journal
         # Not staged: committed earlier (a gated call, with its tool_start), and what was
         # staged since (the approval's outcome) must be committed too (SPEC A3).
-        usable = ledger is not None and ledger.state == "running" and not self._commit_failed
-        if self._journal is None or ledger is None or not usable:
+        if journal is None or ledger is None or ledger.state != "running":
             return False
         staged = self._batch.calls.get((session_id, call_id))
-        return self._journal.append(Intent.of(session_id, call_id, staged, ledger))
+        return journal.append(Intent.of(session_id, call_id, staged, ledger))
 
     def _rollback(self) -> None:
         """End a failed transaction. SQLite may already have rolled it back itself (a

@@ -38,6 +38,10 @@ One process writes a journal: the store takes an exclusive ``flock`` on it and, 
 another process holds it (two stores on one file), works without one; so it does when
 the journal is not a regular file (``/dev/null`` would keep nothing) or after a
 truncate failed (it would only grow).
+
+Not handled: the journal names no database. One left beside a database file that was
+replaced by another (a restore) is applied to it, and the calls it names come back
+``cancelled`` there; the damage message tells to move ``-intent`` with the file.
 """
 
 from __future__ import annotations
