@@ -162,14 +162,14 @@ class CallLedger:
         commits at once when first in its tick (so ``tool_start`` leaves before the
         handler runs); otherwise the call joins the group commit (one loop turn, no
         extra write)."""
-        outbox = session.outbox
         ungated = session.ungated_tool_start
         # A session that gets ungated tool_start must find it in its log after a crash
-        # (SPEC A6: every started tool emits one): only the commit keeps it.
+        # (SPEC A6: every started tool emits one): only the commit keeps it. The store
+        # itself refuses while its last commit attempt (any, a purge's too) failed.
         key = principal_key(session, call_id)
-        if not ungated and not outbox.failing and self._store.keep_intent(session.id, call_id, key):
+        if not ungated and self._store.keep_intent(session.id, call_id, key):
             return True
-        return await outbox.durable(ungated)
+        return await session.outbox.durable(ungated)
 
     def finish(self, session: Session, call_id: str, body: bytes) -> list[Session]:
         """Record the call's terminal event; returns the sessions to deliver it to

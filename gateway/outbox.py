@@ -328,13 +328,6 @@ class Outbox:
         return since is not None and time.monotonic() - since >= self.unavailable_after
 
     @property
-    def failing(self) -> bool:
-        """Whether the last commit attempt failed (SPEC D6): until one succeeds, a call's
-        rows are committed before its handler, not journaled (see
-        :meth:`CallLedger.durable <gateway.ledger.CallLedger.durable>`)."""
-        return self.failing_since is not None
-
-    @property
     def held(self) -> int:
         """Durable frames waiting for a commit that failed."""
         return len(self._held)

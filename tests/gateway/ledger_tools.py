@@ -50,7 +50,7 @@ tools:
       (SIGKILL) before any await, so no commit runs between its start and the crash.
     capability: t.ledger
     handler: tests.gateway.ledger_tools:crash_charge
-    parameters:
+    parameters: &crash_params
       type: object
       properties:
         amount: {type: integer}
@@ -60,11 +60,7 @@ tools:
     capability: t.ledger
     requires_approval: true
     handler: tests.gateway.ledger_tools:crash_charge
-    parameters:
-      type: object
-      properties:
-        amount: {type: integer}
-      additionalProperties: false
+    parameters: *crash_params
   - name: held_async
     description: An async def charge; appends a line, then waits for the test's release.
     capability: t.ledger
