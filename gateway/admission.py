@@ -108,7 +108,7 @@ class Admission:
             return None
         call = Call(session, call_id, msg.tool, params, time.perf_counter())
         session.store.stage_call(session.id, call_id, "running", encode_json({"tool": msg.tool}))
-        self.ledger.open(session, call_id, msg.tool, check.params_hash)
+        self.ledger.open(session, call_id, msg.tool, check.params_hash, journal=True)
         return call
 
     def _refuse(self, session: Session, msg: m.Invoke, code: ErrorCode, text: str) -> None:

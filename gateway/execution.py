@@ -200,7 +200,10 @@ class Execution:
         """SPEC I8, I14: run with the run timeout; promote past the soft deadline."""
         assert tool.func is not None
         limit = self._run_timeout(tool)
-        if not tool.idempotent and not await self.ledger.durable(call.session, call.call_id):
+        decided = call.approval is not None
+        if not tool.idempotent and not await self.ledger.durable(
+            call.session, call.call_id, decided
+        ):
             # SPEC I15, D6: the ledger's "running" row must be durable before a handler
             # with side effects starts, or a crash could make a re-send run it again.
             text = "the store cannot commit right now; the tool did not run"

@@ -139,25 +139,40 @@ class CallLedger:
         row = self._store.ledger(*principal_key(session, call_id))
         return row is not None and (row.tool, row.params_hash) != (tool, params_hash(params))
 
-    def open(self, session: Session, call_id: str, tool: str, digest: str) -> None:
-        """Record a call admitted to run: ``running`` in the store (committed with the
-        next flush, before its handler starts, SPEC I15) and live here."""
+    def open(
+        self, session: Session, call_id: str, tool: str, digest: str, *, journal: bool = False
+    ) -> None:
+        """Record a call admitted to run: ``running`` in the store and live here.
+
+        With ``journal`` (a call just admitted, its session's call row staged), the
+        rows go to the store's intent journal at once (:meth:`Store.keep_intent
+        <gateway.store.Store.keep_intent>`), in the loop turn that staged them, so no
+        commit writes a ``running`` row that the call's end rewrites (issue 13). Not
+        for a session that gets ungated ``tool_start``: that event must be in its log
+        before the handler starts (SPEC A6), and only the commit keeps it."""
         now = self._clock()
         key = principal_key(session, call_id)
         self._live[key] = LiveCall(tool, digest, now)
         self._store.stage_ledger(LedgerRow(*key, tool, digest, "running", None, now))
+        if journal and not session.ungated_tool_start:
+            self._store.keep_intent(session.id, call_id, key)
 
-    async def durable(self, session: Session, call_id: str) -> bool:
+    async def durable(self, session: Session, call_id: str, decided: bool) -> bool:
         """SPEC I15, D6: make the call's ``running`` rows durable before its handler
         starts; ``False`` when they could not be (the handler must not start).
 
-        The store's intent journal (:meth:`Store.keep_intent
-        <gateway.store.Store.keep_intent>`, :mod:`gateway.store_journal`) does it with
-        one append and no loop turn for a call admitted since the last commit, in a
-        session that does not get ungated ``tool_start``; the rows then ride the next
-        commit with the call's result. Otherwise (PostgreSQL, a failed append, a call
-        whose approval was decided, a session that gets its ``tool_start``, commits
-        failing) they ride the tick's group commit (:meth:`Outbox.durable
+        Args:
+            session: the call's session.
+            call_id: the call.
+            decided: the call waited for an approval; its outcome, staged since, must be
+                committed before the handler (SPEC A3).
+
+        No wait when nothing but the rows must be durable (no approval was decided, the
+        session does not get ungated ``tool_start``) and the store says they already
+        are (:meth:`Store.running_durable <gateway.store.Store.running_durable>`:
+        journaled at admission, or committed since). Otherwise (PostgreSQL, no journal
+        or a failed append, a decided approval, a session that gets its ``tool_start``,
+        commits failing) they ride the tick's group commit (:meth:`Outbox.durable
         <gateway.outbox.Outbox.durable>`): a session that gets the call's ``tool_start``
         commits at once when first in its tick (so ``tool_start`` leaves before the
         handler runs); otherwise the call joins the group commit (one loop turn, no
@@ -165,9 +180,10 @@ class CallLedger:
         ungated = session.ungated_tool_start
         # A session that gets ungated tool_start must find it in its log after a crash
         # (SPEC A6: every started tool emits one): only the commit keeps it. The store
-        # itself refuses while its last commit attempt (any, a purge's too) failed.
-        key = principal_key(session, call_id)
-        if not ungated and self._store.keep_intent(session.id, call_id, key):
+        # itself says no while its last commit attempt (any, a purge's too) failed (D6).
+        if not (ungated or decided) and self._store.running_durable(
+            principal_key(session, call_id)
+        ):
             return True
         return await session.outbox.durable(ungated)
 

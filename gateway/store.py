@@ -43,7 +43,8 @@ from gateway.store_check import StoreDamaged as StoreDamaged
 from gateway.store_check import StoreError as StoreError
 from gateway.store_check import open_checked
 from gateway.store_checkpoint import Checkpointer
-from gateway.store_journal import Intent, open_replayed
+from gateway.store_journal import JOURNAL_BYTES as JOURNAL_BYTES
+from gateway.store_journal import Intents, open_replayed
 from gateway.store_rows import BadValue as BadValue
 from gateway.store_rows import JobRow as JobRow
 from gateway.store_rows import LedgerRow as LedgerRow
@@ -90,12 +91,19 @@ class Store(Protocol):
         """The principal's ledger row of ``call_id``, staged or committed (SPEC I15)."""
 
     def keep_intent(self, session_id: str, call_id: str, key: tuple[str, str, str]) -> bool:
-        """Make the call's staged ``running`` rows (its ledger row ``key`` = tenant,
-        user, call id, and its session's call row) survive a crash without a commit, so
-        its handler may start now (SPEC I15). ``True`` when they are journaled.
+        """Make a just-admitted call's staged ``running`` rows (its ledger row ``key`` =
+        tenant, user, call id, and its session's call row) survive a crash without a
+        commit (SPEC I15). ``True`` when they are journaled; commits then leave them out
+        until the call ends (its ended rows replace them) or the journal is emptied.
         ``False`` when this store cannot (no journal, a failed append, the last commit
-        failed, or the rows are not staged: committed earlier, with more staged since):
-        the caller commits first (:meth:`Outbox.durable <gateway.outbox.Outbox.durable>`)."""
+        failed, the rows are not staged): they ride the next commit as staged rows."""
+
+    def running_durable(self, key: tuple[str, str, str]) -> bool:
+        """Whether the ``running`` ledger row ``key`` (staged when its call was admitted)
+        would survive a crash now, with no commit: it is journaled, or a commit wrote it
+        since (SPEC I15). ``False`` while it is only staged, after a failed commit (SPEC
+        D6: no handler starts then), and always on a store without a journal: the
+        caller commits first (:meth:`Outbox.durable <gateway.outbox.Outbox.durable>`)."""
 
     def running_ledger(self) -> list[LedgerRow]:
         """Ledger rows still ``running``: calls a crash or restart cut off (SPEC I15)."""
@@ -194,10 +202,6 @@ CREATE INDEX IF NOT EXISTS call_ledger_by_age ON call_ledger (created_at);
 """
 
 
-JOURNAL_BYTES = 256 * 1024
-"""The intent journal is emptied after the first commit past this size (about 1,700
-calls), and by every ledger purge and a clean close (:mod:`gateway.store_journal`)."""
-
 # A session row's last_seq is written with the row (save, ack); events emitted since are
 # in the log, so the true last seq is the larger of the two. This keeps emit() to a
 # single staged insert.
@@ -244,7 +248,8 @@ class SqliteStore:
         self._batch = SqliteBatch()
         self._commit_failed = False  # whether the last attempt (a purge's too) failed, D6
         try:
-            self._journal = open_replayed(self.path, self._db)
+            # Journaled calls' running rows are held out of the batch (SPEC I15).
+            self._intents = Intents(open_replayed(self.path, self._db))
         except BaseException:
             if self._checkpointer is not None:
                 self._checkpointer.stop()
@@ -266,9 +271,11 @@ class SqliteStore:
         self._batch.seqs[session_id] = (last_seq, acked_seq, floor_seq)
 
     def stage_call(self, session_id: str, call_id: str, state: str, body: bytes | None) -> None:
+        self._intents.drop_call(session_id, call_id)
         self._batch.calls[(session_id, call_id)] = (session_id, call_id, state, body)
 
     def stage_forget_call(self, session_id: str, call_id: str) -> None:
+        self._intents.drop_call(session_id, call_id)
         self._batch.calls.pop((session_id, call_id), None)
         self._batch.forget.append((session_id, call_id))
 
@@ -276,7 +283,9 @@ class SqliteStore:
         self._batch.jobs[row.job_id] = checked(job_values(row), f"job {row.job_id}")
 
     def stage_ledger(self, row: LedgerRow) -> None:
-        self._batch.ledger[(row.tenant, row.user, row.call_id)] = row
+        key = (row.tenant, row.user, row.call_id)
+        self._intents.drop_ledger(key)
+        self._batch.ledger[key] = row
 
     @property
     def dirty(self) -> bool:
@@ -284,43 +293,41 @@ class SqliteStore:
         return self._batch.dirty
 
     def commit(self) -> None:
-        if not self._batch.dirty:
-            return
-        db = self._db
-        self._commit_failed = True  # until this attempt succeeds
-        try:
-            # IMMEDIATE takes the write lock first: a file locked by another connection
-            # fails here, before anything is written (busy_timeout 0: at once).
-            db.execute("BEGIN IMMEDIATE")
-            self._batch.write(db)
-            db.execute("COMMIT")
-        except sqlite3.Error as exc:
-            # SPEC D6: nothing of this batch is durable; keep it all staged for the next
-            # attempt (the outbox holds its frames until then).
-            self._rollback()
-            raise StoreUnavailable(f"{self.path}: commit failed: {exc}") from exc
-        except BaseException:
-            self._rollback()
-            raise
-        self._commit_failed = False
-        purged = self._batch.ledger_before is not None
-        self._batch = SqliteBatch()
-        journal = self._journal
-        if journal is not None and (purged or journal.size >= JOURNAL_BYTES):
-            # Every journaled call's rows were staged before this commit: now in the
-            # file. Emptied only now and then (a truncate costs ten appends), and with
-            # every ledger purge, so no entry outlives its call's ledger row.
-            journal.clear()
+        self._commit(self._intents.emptying(self._batch))
+
+    def _commit(self, emptying: bool) -> None:
+        """Commit the batch; with ``emptying``, the held rows too, then empty the journal
+        (every journaled call's rows are in the file first)."""
+        if emptying:
+            self._intents.release(self._batch)
+        if self._batch.dirty:
+            db = self._db
+            self._commit_failed = True  # until this attempt succeeds
+            try:
+                # IMMEDIATE takes the write lock first: a file locked by another
+                # connection fails here, before anything is written (busy_timeout 0).
+                db.execute("BEGIN IMMEDIATE")
+                self._batch.write(db)
+                db.execute("COMMIT")
+            except sqlite3.Error as exc:
+                # SPEC D6: nothing of this batch is durable; keep it all staged (released
+                # rows too: the journal still names them) for the next attempt (the
+                # outbox holds its frames until then).
+                self._rollback()
+                raise StoreUnavailable(f"{self.path}: commit failed: {exc}") from exc
+            except BaseException:
+                self._rollback()
+                raise
+            self._commit_failed = False
+            self._batch = SqliteBatch()
+        if emptying:
+            self._intents.emptied()
 
     def keep_intent(self, session_id: str, call_id: str, key: tuple[str, str, str]) -> bool:
-        ledger = self._batch.ledger.get(key)
-        journal = None if self._commit_failed else self._journal
-        # Not staged: committed earlier (a gated call, with its tool_start), and what was
-        # staged since (the approval's outcome) must be committed too (SPEC A3).
-        if journal is None or ledger is None or ledger.state != "running":
-            return False
-        staged = self._batch.calls.get((session_id, call_id))
-        return journal.append(Intent.of(session_id, call_id, staged, ledger))
+        return not self._commit_failed and self._intents.keep(self._batch, session_id, call_id, key)
+
+    def running_durable(self, key: tuple[str, str, str]) -> bool:
+        return not self._commit_failed and self._intents.durable(self._batch, key)
 
     def _rollback(self) -> None:
         """End a failed transaction. SQLite may already have rolled it back itself (a
@@ -345,6 +352,7 @@ class SqliteStore:
     def delete_session(self, session_id: str) -> None:
         # Staged like every write (SPEC D6): a locked file must not fail or stall the end
         # of a session; the deletion runs last in the next commit.
+        self._intents.drop_session(session_id)
         self._batch.deletes.append(session_id)
 
     def events_after(
@@ -421,7 +429,8 @@ class SqliteStore:
             self.commit()
 
     def ledger(self, tenant: str, user: str, call_id: str) -> LedgerRow | None:
-        staged = self._batch.ledger.get((tenant, user, call_id))
+        key = (tenant, user, call_id)
+        staged = self._batch.ledger.get(key) or self._intents.held_ledger(key)
         if staged is not None:
             return staged
         row = self._db.execute(
@@ -442,16 +451,12 @@ class SqliteStore:
 
     def close(self) -> None:
         try:
-            self.commit()
+            self._commit(emptying=True)
         except StoreUnavailable as exc:
             # Never sent (SPEC D6): no client holds these events, so the log stays whole.
+            # The journal keeps its entries: the next open puts their calls back.
             logger.error("%s; %d staged events dropped at close", exc, len(self._batch.events))
-        else:
-            if self._journal is not None:
-                self._journal.clear()  # everything it names is committed
         if self._checkpointer is not None:
             self._checkpointer.stop()
-        if self._journal is not None:
-            self._journal.close()
-            self._journal = None
+        self._intents.close()
         self._db.close()

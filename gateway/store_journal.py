@@ -10,29 +10,34 @@ journal gets the same guarantee from one append to ``<database>-intent``: once
 process being killed, which is exactly what a WAL commit at ``synchronous=NORMAL``
 promises too (neither survives a power loss before the OS writes the pages back).
 
-The rows stay staged, and the store's next commit writes them like any other. An entry
-is then spent (everything written to the journal before a commit began was staged, so
-that commit wrote it), but the journal is emptied (``ftruncate``) only now and then: a
-truncate costs about ten appends. The store empties it after a commit once it passes
+A call is journaled when it is admitted, in the loop turn that staged its rows
+(:meth:`CallLedger.open <gateway.ledger.CallLedger.open>`); the store then holds the
+rows out of its batch. A call that ends before the journal is emptied never writes its
+``running`` rows at all: its ended rows replace them (under 50 concurrent sessions a
+commit used to land between a call's start and its end almost always, so each call
+wrote its ledger and call rows twice). The journal is emptied (``ftruncate``) only
+now and then, by a commit that first writes every row still held: after a commit past
 :data:`~gateway.store.JOURNAL_BYTES`, with every ledger purge (so no entry outlives
-its call's ledger row, SPEC I15's window) and at a clean close. At open, the store
-puts back every journaled call whose ledger row the file lacks (a crash between the
-append and the commit), before recovery reads the ``running`` rows: recovery then ends
-those calls ``cancelled`` exactly as if the rows had been committed. Spent entries
-name calls the file has: skipped.
+its call's ledger row, SPEC I15's window) and at a clean close; a truncate costs about
+ten appends. At open, the store puts back every journaled call whose ledger row the
+file lacks (a crash while it ran, or before its end was committed), before recovery
+reads the ``running`` rows: recovery then ends those calls ``cancelled`` exactly as if
+the rows had been committed. Entries of calls whose ended rows the file has are spent:
+skipped.
 
 Entries are lines of JSON with a newline on both sides, so a torn append (a full disk)
-is a line of its own that does not parse and is skipped: a failed append never
-started its handler, since :meth:`IntentJournal.append` answered ``False``.
+is a line of its own that does not parse and is skipped: a failed append left the rows
+staged (the next commit writes them) and the handler waits for that commit.
 
-The journal carries only a call's own two rows, so it is used only when nothing else
-must be durable before the handler (:meth:`CallLedger.durable
-<gateway.ledger.CallLedger.durable>`, :meth:`SqliteStore.keep_intent
-<gateway.store.SqliteStore.keep_intent>`): the call was admitted since the last
-commit (a gated call's rows were committed with its ``tool_start``, and the approval's
-outcome since must be committed before its handler, SPEC A3), its session does not get
-ungated ``tool_start`` (that event must be in the log of a started tool, SPEC A6), and
-the store's last commit succeeded (SPEC D6). Otherwise the rows are committed first.
+The journal alone is enough before the handler only when nothing else must be durable
+first (:meth:`CallLedger.durable <gateway.ledger.CallLedger.durable>`,
+:meth:`SqliteStore.running_durable <gateway.store.SqliteStore.running_durable>`): no
+approval was decided (its outcome must be committed before the handler, SPEC A3; the
+journaled ledger row stays held meanwhile), the session does not get ungated
+``tool_start`` (that event must be in the log of a started tool, SPEC A6: its calls
+are not journaled), and the store's last commit succeeded (SPEC D6: no call is
+journaled, and no handler starts on the journal, while commits fail). Otherwise the
+pipeline waits for a commit.
 
 One process writes a journal: the store takes an exclusive ``flock`` on it and, when
 another process holds it (two stores on one file), works without one; so it does when
@@ -56,6 +61,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gateway.store_batch import SqliteBatch
 from gateway.store_check import StoreError
 from gateway.store_rows import LedgerRow, ledger_values
 from protocol.codec import decode_json, encode_json
@@ -64,6 +70,13 @@ logger = logging.getLogger("gateway.store")
 
 SUFFIX = "-intent"
 """The journal of ``toolbus.db`` is ``toolbus.db-intent``, beside its ``-wal`` file."""
+
+JOURNAL_BYTES = 256 * 1024
+"""The journal is emptied by the first commit past this size (about 1,700 calls), by
+every ledger purge and at a clean close."""
+
+Key = tuple[str, str, str]
+"""A ledger row's key: ``(tenant, user, call_id)``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -329,3 +342,87 @@ def _put_back(db: sqlite3.Connection, intent: Intent) -> bool:
         (intent.session_id, intent.call_id, note, intent.session_id),
     )
     return True
+
+
+class Intents:
+    """A store's intent journal and the ``running`` rows it holds out of the store's
+    batch (SPEC I15); all methods run on the event loop.
+
+    Args:
+        journal: the journal, or ``None`` (an in-memory store, or none usable): then
+            nothing is journaled and nothing held.
+
+    A held row and a staged row of the same key never coexist: :meth:`keep` moves the
+    rows out of the batch, and staging a row of a held key drops the held one
+    (:meth:`drop_ledger`, :meth:`drop_call`), so the call's later rows win.
+    """
+
+    def __init__(self, journal: IntentJournal | None) -> None:
+        self.journal = journal
+        self._ledger: dict[Key, LedgerRow] = {}
+        self._calls: dict[tuple[str, str], tuple[str, str, str, bytes | None]] = {}
+
+    def keep(self, batch: SqliteBatch, session_id: str, call_id: str, key: Key) -> bool:
+        """Journal the call's staged ``running`` rows and hold them out of ``batch``;
+        ``False`` (nothing changed) without a journal, a staged running ledger row, or
+        when the append failed."""
+        ledger = batch.ledger.get(key)
+        if self.journal is None or ledger is None or ledger.state != "running":
+            return False
+        staged = batch.calls.get((session_id, call_id))
+        if not self.journal.append(Intent.of(session_id, call_id, staged, ledger)):
+            return False
+        self._ledger[key] = batch.ledger.pop(key)
+        if staged is not None and staged[2] == "running":
+            self._calls[(session_id, call_id)] = batch.calls.pop((session_id, call_id))
+        return True
+
+    def durable(self, batch: SqliteBatch, key: Key) -> bool:
+        """Whether the ledger row ``key`` survives a crash: held (journaled), or no longer
+        staged, which only a commit that succeeded does (a failed one keeps the batch).
+        Always ``False`` without a journal (the caller commits first, as before)."""
+        return self.journal is not None and (key in self._ledger or key not in batch.ledger)
+
+    def held_ledger(self, key: Key) -> LedgerRow | None:
+        """The held ``running`` ledger row of ``key``, if it is held."""
+        return self._ledger.get(key)
+
+    def drop_ledger(self, key: Key) -> None:
+        """A row of ``key`` was staged: it replaces the held one."""
+        self._ledger.pop(key, None)
+
+    def drop_call(self, session_id: str, call_id: str) -> None:
+        """A call row was staged or forgotten: the held one must never be written."""
+        self._calls.pop((session_id, call_id), None)
+
+    def drop_session(self, session_id: str) -> None:
+        """The session is deleted: its held call rows must never be written back (the
+        replay puts back only the calls of sessions the file has)."""
+        for held in [k for k in self._calls if k[0] == session_id]:
+            del self._calls[held]
+
+    def emptying(self, batch: SqliteBatch) -> bool:
+        """Whether the commit of ``batch`` is to empty the journal: past
+        :data:`JOURNAL_BYTES`, or a ledger purge (no entry outlives its ledger row)."""
+        journal = self.journal
+        return journal is not None and (
+            batch.ledger_before is not None or journal.size >= JOURNAL_BYTES
+        )
+
+    def release(self, batch: SqliteBatch) -> None:
+        """Stage every held row in ``batch`` again, for the commit that empties the
+        journal (none has a staged row of its key)."""
+        batch.ledger.update(self._ledger)
+        batch.calls.update(self._calls)
+        self._ledger, self._calls = {}, {}
+
+    def emptied(self) -> None:
+        """The commit after :meth:`release` succeeded: every entry's rows are in the
+        file, so the journal is emptied."""
+        if self.journal is not None:
+            self.journal.clear()
+
+    def close(self) -> None:
+        if self.journal is not None:
+            self.journal.close()
+            self.journal = None

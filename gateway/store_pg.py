@@ -305,6 +305,10 @@ class PgStore:
         rows in the database, so they are committed before the handler (SPEC I15, N4)."""
         return False
 
+    def running_durable(self, key: tuple[str, str, str]) -> bool:
+        """Always ``False``: the caller commits before the handler (as above)."""
+        return False
+
     def ledger(self, tenant: str, user: str, call_id: str) -> LedgerRow | None:
         staged = self._batch.ledger.get((tenant, user, call_id))
         if staged is not None:

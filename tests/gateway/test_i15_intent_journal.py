@@ -26,7 +26,14 @@ from websockets.typing import Subprotocol
 
 from gateway.ledger import RESTARTED
 from gateway.server import Gateway
-from gateway.store import JOURNAL_BYTES, LedgerRow, SqliteStore, StoreDamaged, StoreError
+from gateway.store import (
+    JOURNAL_BYTES,
+    LedgerRow,
+    SessionRow,
+    SqliteStore,
+    StoreDamaged,
+    StoreError,
+)
 from gateway.store_journal import SUFFIX, Intent, IntentJournal, open_journal
 from protocol.errors import ErrorCode
 from tests.gateway import ledger_tools as lt
@@ -369,12 +376,13 @@ async def test_a6_a_session_with_ungated_tool_start_finds_it_after_a_crash(
 
 
 async def test_a3_an_allowed_call_killed_in_its_handler_stays_allowed(tmp_path: Path) -> None:
-    """SPEC A3, A6, I15: a gated call's rows were committed with its `tool_start`; after
-    the user's `allow` its handler starts only once the approval's outcome is committed
-    too, so the process killed in the handler leaves `allowed` by the user, and the
-    resumed session gets that `tool.resolved`, then `cancelled`; never `denied`."""
+    """SPEC A3, A6, I15: a gated call's ledger row went to the journal at admission
+    and its `tool_start` was committed before it was sent; after the user's `allow` its
+    handler starts only once the approval's outcome is committed too, so the process
+    killed in the handler leaves `allowed` by the user, and the resumed session gets
+    that `tool.resolved`, then `cancelled`; never `denied`."""
     seen, left = await crash_and_resume(tmp_path, "crash_gated", GATED_ONLY, decide="allow")
-    assert left == [("running", "crash_gated")]
+    assert left == []  # the journal alone kept the ledger row
     kinds = [(m["type"], m.get("resolution"), m.get("reason")) for m in seen]
     assert kinds == [
         ("tool_start", None, None),
@@ -479,3 +487,193 @@ def test_d6_no_call_starts_on_the_journal_after_a_failed_commit(tmp_path: Path) 
     finally:
         holder.close()
         store.close()
+
+
+def committed_call(db: Path, session_id: str, call_id: str) -> list[tuple[str, ...]]:
+    """The session's committed call rows of ``call_id`` (state)."""
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute(
+            "SELECT state FROM calls WHERE session_id=? AND call_id=?", (session_id, call_id)
+        ).fetchall()
+    conn.close()
+    return rows
+
+
+def session_row(session_id: str) -> SessionRow:
+    return SessionRow(session_id, "h", "alice", None, "demo", {}, {}, [], 0, 0, 0, 1.0, None, None)
+
+
+def journaled(store: SqliteStore, session_id: str, call_id: str, created_at: float) -> None:
+    """Admit ``call_id`` as the gateway does (running rows staged) and journal it."""
+    key = ("", "alice", call_id)
+    store.stage_call(session_id, call_id, "running", b'{"tool":"t"}')
+    store.stage_ledger(LedgerRow(*key, "t", "h", "running", None, created_at))
+    assert store.keep_intent(session_id, call_id, key) is True
+
+
+def test_i15_a_journaled_running_row_is_written_only_when_the_journal_is_emptied(
+    tmp_path: Path,
+) -> None:
+    """SPEC I15 (issue 13): the journal holds a call's `running` rows, so ordinary
+    commits leave them out. A call that ends first writes only its ended rows; one
+    still running when a commit empties the journal (here a ledger purge's) has its
+    `running` rows written by that commit, before the truncate. The store's own reads
+    see the held row all along."""
+    db = tmp_path / "toolbus.db"
+    store = SqliteStore(db)
+    try:
+        store.stage_session(session_row("s1"))
+        journaled(store, "s1", "ends", 1.0)
+        journaled(store, "s1", "runs", 2.0)
+        store.commit()
+        assert (committed_ledger(db, "ends"), committed_ledger(db, "runs")) == ([], [])
+        assert committed_call(db, "s1", "runs") == []
+        held = LedgerRow("", "alice", "runs", "t", "h", "running", None, 2.0)
+        assert store.ledger("", "alice", "runs") == held
+        store.stage_ledger(LedgerRow("", "alice", "ends", "t", "h", "done", b"{}", 1.0))
+        store.stage_call("s1", "ends", "done", b"{}")
+        store.commit()
+        assert committed_ledger(db, "ends") == [("done", "t")]
+        assert journal_call_ids(db) == ["ends", "runs"]
+        store.purge_ledger(0.0)
+        assert committed_ledger(db, "runs") == [("running", "t")]
+        assert committed_call(db, "s1", "runs") == [("running",)]
+        assert journal_call_ids(db) == []
+    finally:
+        store.close()
+
+
+def test_i15_a_held_call_row_of_an_ended_session_is_never_written(tmp_path: Path) -> None:
+    """SPEC D2, I15: the session of a journaled call ends while the call runs; the
+    commit that empties the journal writes the call's ledger row (the principal's
+    key outlives the session) but not the ended session's call row."""
+    db = tmp_path / "toolbus.db"
+    store = SqliteStore(db)
+    try:
+        store.stage_session(session_row("s1"))
+        store.commit()
+        journaled(store, "s1", "c1", 1.0)
+        store.delete_session("s1")
+        store.commit()
+        store.purge_ledger(0.0)
+        assert committed_ledger(db, "c1") == [("running", "t")]
+        assert committed_call(db, "s1", "c1") == []
+    finally:
+        store.close()
+
+
+def test_d6_a_failed_commit_that_would_empty_the_journal_keeps_it(tmp_path: Path) -> None:
+    """SPEC D6, I15: the commit that would write the held rows and empty the journal
+    (here at close) fails on another connection's write lock: the journal keeps its
+    entry, and the next open puts the call back."""
+    db = tmp_path / "toolbus.db"
+    store = SqliteStore(db)
+    journaled(store, "s1", "c1", 1.0)
+    holder = sqlite3.connect(db, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        store.close()
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert journal_call_ids(db) == ["c1"]
+    assert committed_ledger(db, "c1") == []
+    reopened = SqliteStore(db)
+    try:
+        assert reopened.ledger("", "alice", "c1") == LedgerRow(
+            "", "alice", "c1", "t", "h", "running", None, 1.0
+        )
+    finally:
+        reopened.close()
+
+
+async def test_i15_a_call_running_across_other_commits_comes_back_from_the_journal(
+    tmp_path: Path,
+) -> None:
+    """SPEC I15, D1 (issue 13): a journaled call's `running` rows stay out of the
+    store's commits while it runs. Another call of the session ends (its terminal
+    event reached the client, so a commit ran after the first call was journaled), then
+    the server is SIGKILLed: the file has no row of the running call, the journal
+    does, and the next server ends it `cancelled` for the resumed session; the tool
+    ran once."""
+    settings = lt.ledger_settings(tmp_path)
+    db = settings.data_dir / "toolbus.db"
+    async with (
+        script_server(SERVER_SCRIPT, str(tmp_path)) as first,
+        connect(f"ws://127.0.0.1:{first.port}/", subprotocols=[SUB]) as ws,
+    ):
+        a = Peer(ws)
+        welcome = await a.hello(options=GATED_ONLY)
+        await a.invoke("h1", "held_async", CHARGE)
+        await wait_until(lambda: lt.runs(settings.data_dir) == ["h1 100"], "started")
+        await a.invoke("q1", "bad_value", {"kind": "no such kind"})
+        ended = await a.terminal("q1")
+        assert (ended["type"], ended["code"]) == ("call.error", ErrorCode.HANDLER_ERROR)
+        await first.crash()
+    assert committed_ledger(db, "q1") == [("done", "bad_value")]
+    assert committed_ledger(db, "h1") == []
+    assert committed_call(db, welcome["session_id"], "h1") == []
+    assert journal_call_ids(db) == ["h1", "q1"]
+    async with (
+        running(settings) as gw,
+        peer(
+            gw,
+            session_id=welcome["session_id"],
+            resume_token=welcome["resume_token"],
+            last_seq=welcome["last_seq"],
+        ) as resumed,
+    ):
+        answer = await resumed.terminal("h1")
+        assert (answer["type"], answer["code"], answer["message"]) == (
+            "call.error",
+            ErrorCode.CANCELLED,
+            RESTARTED,
+        )
+    assert lt.runs(settings.data_dir) == ["h1 100"]
+
+
+def test_i15_running_durable_says_yes_only_for_a_journaled_or_committed_row(
+    tmp_path: Path,
+) -> None:
+    """SPEC I15, D6: a handler may start without a commit when its `running` ledger row
+    is journaled or was written by a commit since it was staged; not while the row is
+    only staged, not while the last commit failed (here on another connection's write
+    lock), and never on a store without a journal (`:memory:`)."""
+    db = tmp_path / "toolbus.db"
+    store = SqliteStore(db)
+    holder = sqlite3.connect(db, isolation_level=None)
+
+    def stage(call_id: str) -> tuple[str, str, str]:
+        key = ("", "alice", call_id)
+        store.stage_call("s1", call_id, "running", b'{"tool":"t"}')
+        store.stage_ledger(LedgerRow(*key, "t", "h", "running", None, 1.0))
+        return key
+
+    try:
+        holder.execute("BEGIN IMMEDIATE")
+        c1 = stage("c1")
+        with pytest.raises(StoreError, match="database is locked"):
+            store.commit()
+        assert store.keep_intent("s1", "c1", c1) is False
+        assert store.running_durable(c1) is False
+        holder.execute("ROLLBACK")
+        store.commit()
+        assert committed_ledger(db, "c1") == [("running", "t")]
+        assert store.running_durable(c1) is True
+        c2 = stage("c2")
+        assert store.running_durable(c2) is False
+        assert store.keep_intent("s1", "c2", c2) is True
+        assert store.running_durable(c2) is True
+        c3 = stage("c3")  # never journaled: a session that gets ungated tool_start
+        assert store.running_durable(c3) is False
+    finally:
+        holder.close()
+        store.close()
+    memory = SqliteStore(":memory:")
+    try:
+        key = ("", "alice", "m1")
+        memory.stage_ledger(LedgerRow(*key, "t", "h", "running", None, 1.0))
+        memory.commit()
+        assert memory.running_durable(key) is False
+    finally:
+        memory.close()
