@@ -17,7 +17,7 @@ rows out of its batch. A call that ends before the journal is emptied never writ
 commit used to land between a call's start and its end almost always, so each call
 wrote its ledger and call rows twice). The journal is emptied (``ftruncate``) only
 now and then, by a commit that first writes every row still held: after a commit past
-:data:`~gateway.store.JOURNAL_BYTES`, with every ledger purge (so no entry outlives
+:data:`JOURNAL_BYTES`, with every ledger purge (so no entry outlives
 its call's ledger row, SPEC I15's window) and at a clean close; a truncate costs about
 ten appends. At open, the store puts back every journaled call whose ledger row the
 file lacks (a crash while it ran, or before its end was committed), before recovery
