@@ -38,13 +38,40 @@ from gateway.store_journal import SUFFIX, Intent, IntentJournal, open_journal
 from protocol.errors import ErrorCode
 from tests.gateway import ledger_tools as lt
 from tests.gateway.test_call_ledger import SERVER_SCRIPT, FailingCommits, wait_until
-from tests.support import Peer, peer, running, script_server
+from tests.support import Peer, ScriptServer, peer, running, script_server
 
 SUB = Subprotocol("toolbus.v1")
 CHARGE = {"amount": 100}
 GATED_ONLY = {"tool_start": "gated"}
 """The hello option of a session that gets `tool_start` for gated calls only (SPEC A6):
 its calls start on the journal alone."""
+
+
+@asynccontextmanager
+async def own_process(
+    tmp_path: Path, **hello: Any
+) -> AsyncIterator[tuple[ScriptServer, Peer, dict[str, Any]]]:
+    """A gateway in a process of its own on the ledger tools' settings in ``tmp_path``
+    (a handler or the test kills it), and a session on it (``hello`` fields): the
+    server, the session's peer and its welcome."""
+    async with (
+        script_server(SERVER_SCRIPT, str(tmp_path)) as first,
+        connect(f"ws://127.0.0.1:{first.port}/", subprotocols=[SUB]) as ws,
+    ):
+        a = Peer(ws)
+        yield first, a, await a.hello(**hello)
+
+
+def resumed_on(gw: Gateway, welcome: dict[str, Any], **hello: Any) -> Any:
+    """The session of ``welcome`` resumed on ``gw`` from its welcome's `last_seq` (a
+    :func:`tests.support.peer` context)."""
+    return peer(
+        gw,
+        session_id=welcome["session_id"],
+        resume_token=welcome["resume_token"],
+        last_seq=welcome["last_seq"],
+        **hello,
+    )
 
 
 async def crash_and_resume(
@@ -57,12 +84,7 @@ async def crash_and_resume(
     settings = lt.ledger_settings(tmp_path)
     db = settings.data_dir / "toolbus.db"
     hello: dict[str, Any] = {} if options is None else {"options": options}
-    async with (
-        script_server(SERVER_SCRIPT, str(tmp_path)) as first,
-        connect(f"ws://127.0.0.1:{first.port}/", subprotocols=[SUB]) as ws,
-    ):
-        a = Peer(ws)
-        welcome = await a.hello(**hello)
+    async with own_process(tmp_path, **hello) as (first, a, welcome):
         await a.invoke("x1", tool, CHARGE)
         if decide is not None:
             start = await a.expect("tool_start", call_id="x1")
@@ -72,16 +94,7 @@ async def crash_and_resume(
         assert await first.proc.wait() == -9
     left = committed_ledger(db, "x1")
     seen: list[dict[str, Any]] = []
-    async with (
-        running(settings) as gw,
-        peer(
-            gw,
-            session_id=welcome["session_id"],
-            resume_token=welcome["resume_token"],
-            last_seq=welcome["last_seq"],
-            **hello,
-        ) as resumed,
-    ):
+    async with running(settings) as gw, resumed_on(gw, welcome, **hello) as resumed:
         assert resumed.welcome["resumed"] is True
         await resumed.terminal("x1")
         seen = [m for m in resumed.seen if m.get("call_id") == "x1"]
@@ -110,6 +123,17 @@ def journal_call_ids(db: Path) -> list[str]:
     return [orjson.loads(line)[1] for line in journal.split(b"\n") if line]
 
 
+def put_back(db: Path, call_id: str, created_at: float) -> bool:
+    """Whether a store opened on ``db`` has alice's ``call_id`` (tool `t`, created at
+    ``created_at``) as a `running` ledger row: put back from the journal."""
+    store = SqliteStore(db)
+    try:
+        row = store.ledger("", "alice", call_id)
+    finally:
+        store.close()
+    return row == LedgerRow("", "alice", call_id, "t", "h", "running", None, created_at)
+
+
 def committed_ledger(db: Path, call_id: str) -> list[tuple[str, ...]]:
     """The call's ledger rows as committed in the file (state, tool)."""
     with sqlite3.connect(db) as conn:
@@ -130,12 +154,7 @@ async def test_i15_a_call_killed_before_any_commit_comes_back_from_the_journal(
     outcome, and the tool ran once."""
     settings = lt.ledger_settings(tmp_path)
     db = settings.data_dir / "toolbus.db"
-    async with (
-        script_server(SERVER_SCRIPT, str(tmp_path)) as first,
-        connect(f"ws://127.0.0.1:{first.port}/", subprotocols=[SUB]) as ws,
-    ):
-        a = Peer(ws)
-        welcome = await a.hello(options=GATED_ONLY)
+    async with own_process(tmp_path, options=GATED_ONLY) as (first, a, welcome):
         await a.invoke("k1", "crash_charge", CHARGE)
         assert await first.proc.wait() == -9
     assert lt.runs(settings.data_dir) == ["k1 100"]
@@ -145,12 +164,7 @@ async def test_i15_a_call_killed_before_any_commit_comes_back_from_the_journal(
     assert journal_call_ids(db) == ["k1"]
     async with running(settings) as gw:
         assert journal_call_ids(db) == []
-        async with peer(
-            gw,
-            session_id=welcome["session_id"],
-            resume_token=welcome["resume_token"],
-            last_seq=welcome["last_seq"],
-        ) as resumed:
+        async with resumed_on(gw, welcome) as resumed:
             assert resumed.welcome["resumed"] is True
             answer = await resumed.terminal("k1")
             assert (answer["type"], answer["code"], answer["message"]) == (
@@ -311,13 +325,7 @@ def test_i15_a_locked_file_at_open_keeps_the_journal_for_the_next_start(tmp_path
     assert not isinstance(refused.value, StoreDamaged)
     assert str(refused.value) == f"{db}: cannot open the store: database is locked"
     assert journal_path.read_bytes() == entry.encode()
-    store = SqliteStore(db)
-    try:
-        assert store.ledger("", "alice", "late1") == LedgerRow(
-            "", "alice", "late1", "t", "h", "running", None, 3.0
-        )
-    finally:
-        store.close()
+    assert put_back(db, "late1", 3.0)
 
 
 def test_i15_spent_entries_go_with_a_purge_or_past_the_size_bound(tmp_path: Path) -> None:
@@ -578,13 +586,7 @@ def test_d6_a_failed_commit_that_would_empty_the_journal_keeps_it(tmp_path: Path
         holder.close()
     assert journal_call_ids(db) == ["c1"]
     assert committed_ledger(db, "c1") == []
-    reopened = SqliteStore(db)
-    try:
-        assert reopened.ledger("", "alice", "c1") == LedgerRow(
-            "", "alice", "c1", "t", "h", "running", None, 1.0
-        )
-    finally:
-        reopened.close()
+    assert put_back(db, "c1", 1.0)
 
 
 async def test_i15_a_call_running_across_other_commits_comes_back_from_the_journal(
@@ -598,12 +600,7 @@ async def test_i15_a_call_running_across_other_commits_comes_back_from_the_journ
     ran once."""
     settings = lt.ledger_settings(tmp_path)
     db = settings.data_dir / "toolbus.db"
-    async with (
-        script_server(SERVER_SCRIPT, str(tmp_path)) as first,
-        connect(f"ws://127.0.0.1:{first.port}/", subprotocols=[SUB]) as ws,
-    ):
-        a = Peer(ws)
-        welcome = await a.hello(options=GATED_ONLY)
+    async with own_process(tmp_path, options=GATED_ONLY) as (first, a, welcome):
         await a.invoke("h1", "held_async", CHARGE)
         await wait_until(lambda: lt.runs(settings.data_dir) == ["h1 100"], "started")
         await a.invoke("q1", "bad_value", {"kind": "no such kind"})
@@ -614,15 +611,7 @@ async def test_i15_a_call_running_across_other_commits_comes_back_from_the_journ
     assert committed_ledger(db, "h1") == []
     assert committed_call(db, welcome["session_id"], "h1") == []
     assert journal_call_ids(db) == ["h1", "q1"]
-    async with (
-        running(settings) as gw,
-        peer(
-            gw,
-            session_id=welcome["session_id"],
-            resume_token=welcome["resume_token"],
-            last_seq=welcome["last_seq"],
-        ) as resumed,
-    ):
+    async with running(settings) as gw, resumed_on(gw, welcome) as resumed:
         answer = await resumed.terminal("h1")
         assert (answer["type"], answer["code"], answer["message"]) == (
             "call.error",
