@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import sqlite3
+import time
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -42,7 +43,7 @@ from gateway.store_check import SCHEMA_VERSION as SCHEMA_VERSION
 from gateway.store_check import StoreDamaged as StoreDamaged
 from gateway.store_check import StoreError as StoreError
 from gateway.store_check import open_checked
-from gateway.store_checkpoint import Checkpointer
+from gateway.store_checkpoint import Checkpointer, start_checkpoints
 from gateway.store_journal import JOURNAL_BYTES as JOURNAL_BYTES
 from gateway.store_journal import Intents, open_replayed
 from gateway.store_rows import BadValue as BadValue
@@ -217,6 +218,8 @@ class SqliteStore:
         path: the database file (created with its folder), or ``":memory:"``.
         checkpoint_interval: seconds between two WAL checkpoints of the
             :class:`~gateway.store_checkpoint.Checkpointer` thread (not for ``:memory:``).
+        ledger_window: ``calls.call_id_window`` (s): older intent journal entries are not
+            put back at open (:func:`~gateway.store_journal.replay`; ``None``: all are).
 
     All methods run on the event-loop thread; each commit is one short transaction
     without an fsync (WAL, ``synchronous=NORMAL``) that never waits on a lock. What is
@@ -225,36 +228,34 @@ class SqliteStore:
     Raises:
         StoreDamaged: at open, the file fails its check (SPEC D6, O5; case F32).
         StoreError: at open, the file cannot be opened (permissions, a lock held past
-            5 s by another process).
+            5 s by another process, another store writing it: one store per file).
     """
 
-    def __init__(self, path: Path | str, checkpoint_interval: float = 1.0) -> None:
+    def __init__(
+        self,
+        path: Path | str,
+        checkpoint_interval: float = 1.0,
+        ledger_window: float | None = None,
+    ) -> None:
         if str(path) != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
         self.path = str(path)
         # timeout=0: this connection runs on the event loop and must never wait on a
         # lock another connection holds (SPEC D6); a busy file fails the commit at once.
         self._db = open_checked(self.path, _SCHEMA)
-        self._checkpointer: Checkpointer | None = None
-        if str(path) != ":memory:":
-            # Checkpoints (which fsync) leave the event loop for a thread of their own;
-            # they were a third of the commit cost when SQLite ran them inline.
-            # The thread's PASSIVE checkpoints cannot restart the WAL while writes keep
-            # landing; a rare inline checkpoint, run between two commits, can. By then the
-            # thread has copied most frames, so it is cheap, and the WAL stays bounded.
-            self._db.execute(f"PRAGMA wal_autocheckpoint={WAL_PAGES}")
-            self._db.execute(f"PRAGMA journal_size_limit={WAL_PAGES * 4096}")
-            self._checkpointer = Checkpointer(str(path), checkpoint_interval)
         self._batch = SqliteBatch()
         self._commit_failed = False  # whether the last attempt (a purge's too) failed, D6
-        try:
-            # Journaled calls' running rows are held out of the batch (SPEC I15).
-            self._intents = Intents(open_replayed(self.path, self._db))
+        since = None if ledger_window is None else time.time() - ledger_window
+        try:  # the intent journal; calls' running rows it holds stay out of the batch
+            self._intents = Intents(open_replayed(self.path, self._db, since))
         except BaseException:
-            if self._checkpointer is not None:
-                self._checkpointer.stop()
             self._db.close()
             raise
+        self._checkpointer: Checkpointer | None = None
+        if self.path != ":memory:":
+            self._checkpointer = start_checkpoints(
+                self._db, self.path, checkpoint_interval, WAL_PAGES
+            )
 
     # -- staging ---------------------------------------------------------------------
 

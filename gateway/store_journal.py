@@ -39,10 +39,16 @@ are not journaled), and the store's last commit succeeded (SPEC D6: no call is
 journaled, and no handler starts on the journal, while commits fail). Otherwise the
 pipeline waits for a commit.
 
-One process writes a journal: the store takes an exclusive ``flock`` on it and, when
-another process holds it (two stores on one file), works without one; so it does when
-the journal is not a regular file (``/dev/null`` would keep nothing) or after a
-truncate failed (it would only grow).
+One store writes a SQLite file: the store takes an exclusive ``flock`` on its journal,
+and a second store on the same file, in this process or another, fails to open
+(:class:`~gateway.store_check.StoreError`): the first one's ``running`` rows may be
+only in its journal, so the second could not see a call running there and would run
+a re-send again (SPEC I15). A store works without a journal when the journal cannot be
+opened, is not a regular file (``/dev/null`` would keep nothing), or after a truncate
+failed (it would only grow); then every call's rows are committed before its handler.
+An entry left by a failed truncate outlives its call's ledger row: the replay skips
+entries older than the ledger's window (a call id that old is new again, SPEC I15), so
+a finished call is never put back.
 
 Not handled: the journal names no database. One left beside a database file that was
 replaced by another (a restore) is applied to it, and the calls it names come back
@@ -250,16 +256,22 @@ class IntentJournal:
 
 def open_journal(database: str) -> IntentJournal | None:
     """The journal beside ``database``, or ``None`` when it cannot be used (an in-memory
-    store; another process holds it; it cannot be opened): the store then commits
-    every call's rows before its handler, as it did without one."""
+    store; it cannot be opened; not a regular file): the store then commits every call's
+    rows before its handler, as it did without one.
+
+    Raises:
+        StoreError: another store holds the journal's lock (one store per file).
+    """
     if database == ":memory:":
         return None
     path = Path(database + SUFFIX)
     try:
         journal = IntentJournal(path)
     except BlockingIOError:
-        logger.info("%s: held by another process; calls commit their rows instead", path)
-        return None
+        raise StoreError(
+            f"{database}: in use by another store (it holds {path.name}); "
+            "one store may write a SQLite file"
+        ) from None
     except OSError as exc:
         logger.warning("%s: cannot open the intent journal (%s); calls commit instead", path, exc)
         return None
@@ -271,33 +283,38 @@ def open_journal(database: str) -> IntentJournal | None:
     return journal
 
 
-def open_replayed(database: str, db: sqlite3.Connection) -> IntentJournal | None:
-    """:func:`open_journal`, then :func:`replay` into ``db`` (the store's connection).
+def open_replayed(
+    database: str, db: sqlite3.Connection, since: float | None = None
+) -> IntentJournal | None:
+    """:func:`open_journal`, then :func:`replay` into ``db`` (the store's connection) of
+    the entries created at or after ``since`` (Unix seconds; ``None``: all).
 
     Raises:
-        StoreError: the journaled calls cannot be put back now (the journal is closed).
+        StoreError: another store holds the journal, or the journaled calls cannot be
+            put back now (the journal is closed).
     """
     journal = open_journal(database)
     if journal is not None:
         try:
-            replay(journal, db)
+            replay(journal, db, since)
         except BaseException:
             journal.close()
             raise
     return journal
 
 
-def replay(journal: IntentJournal, db: sqlite3.Connection) -> None:
+def replay(journal: IntentJournal, db: sqlite3.Connection, since: float | None = None) -> None:
     """Put back the ``running`` rows of calls journaled but never committed (a crash
     between the append and the commit), then empty the journal. Run at open, before
     recovery reads the ``running`` rows: recovery ends those calls ``cancelled`` and a
     re-send never runs them (SPEC I15). A call whose ledger row the file has was
-    committed (a spent entry): skipped.
+    committed (a spent entry): skipped; so is an entry created before ``since`` (the
+    ledger's window: its call id is new again, and its call long ended or was purged).
 
     Raises:
         StoreError: the rows cannot be written now (locked, full, I/O error).
     """
-    intents = journal.read()
+    intents = [i for i in journal.read() if since is None or i.created_at >= since]
     if intents:
         try:
             # Start-up may wait on a lock, as the open did; the loop's connection never.

@@ -314,7 +314,9 @@ def build_gateway(
     """
     metrics = Metrics()
     authenticator = authenticator or build_authenticator(settings)
-    store = store or open_store(settings.store.url, settings.data_dir / "toolbus.db")
+    store = store or open_store(
+        settings.store.url, settings.data_dir / "toolbus.db", settings.calls.call_id_window
+    )
     # SPEC E2: every profile's catalog frame must fit the size welcome announces.
     max_frame = settings.server.max_message_bytes
     catalog = CatalogState(settings.catalog.tools, settings.catalog.profiles, max_frame)

@@ -11,9 +11,11 @@ write lock.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import sqlite3
+import subprocess
+import sys
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -34,7 +36,7 @@ from gateway.store import (
     StoreDamaged,
     StoreError,
 )
-from gateway.store_journal import SUFFIX, Intent, IntentJournal, open_journal
+from gateway.store_journal import SUFFIX, Intent, IntentJournal
 from protocol.errors import ErrorCode
 from tests.gateway import ledger_tools as lt
 from tests.gateway.test_call_ledger import SERVER_SCRIPT, FailingCommits, wait_until
@@ -121,6 +123,13 @@ def journal_call_ids(db: Path) -> list[str]:
     """The call ids of the entries in the store's journal, in order."""
     journal = Path(str(db) + SUFFIX).read_bytes()
     return [orjson.loads(line)[1] for line in journal.split(b"\n") if line]
+
+
+def leave_journal(db: Path, entries: list[Intent]) -> None:
+    """A store's file ``db`` (created if missing) and a journal holding ``entries``, as a
+    killed process leaves them."""
+    SqliteStore(db).close()
+    Path(str(db) + SUFFIX).write_bytes(b"".join(entry.encode() for entry in entries))
 
 
 def put_back(db: Path, call_id: str, created_at: float) -> bool:
@@ -220,39 +229,55 @@ def test_i15_a_torn_entry_is_skipped_and_whole_ones_are_kept(tmp_path: Path) -> 
     journal.close()
 
 
-def test_i15_a_journal_another_store_holds_is_not_used(tmp_path: Path) -> None:
-    """One writer per journal: a second store on the same file gets none (the lock is
-    held) and makes a call's rows durable by committing them (`keep_intent` False)."""
+def test_i15_a_second_store_on_the_file_is_refused(tmp_path: Path) -> None:
+    """One store writes a SQLite file (review of issue 13's change): the first store's
+    `running` rows may be only in its journal, so a second store on the same file could
+    not see a call running there and would run a re-send again (SPEC I15). The second
+    open fails with a `StoreError` that says so; once the first closed, the file opens."""
     db = tmp_path / "toolbus.db"
     first = SqliteStore(db)
-    second = SqliteStore(db)
     try:
-        row = LedgerRow("", "alice", "c1", "t", "h", "running", None, 1.0)
-        for store in (first, second):
-            store.stage_ledger(row)
-            store.stage_call("s1", "c1", "running", b'{"tool":"t"}')
-        assert first.keep_intent("s1", "c1", ("", "alice", "c1")) is True
-        assert second.keep_intent("s1", "c1", ("", "alice", "c1")) is False
+        with pytest.raises(StoreError) as refused:
+            SqliteStore(db)
     finally:
         first.close()
-        second.close()
-    # Free again once the holder closed it.
-    journal = open_journal(str(db))
-    assert journal is not None
-    journal.close()
+    assert str(refused.value) == (
+        f"{db}: in use by another store (it holds toolbus.db-intent); "
+        "one store may write a SQLite file"
+    )
+    SqliteStore(db).close()
 
 
-def test_i15_the_lock_is_an_os_lock_other_processes_see(tmp_path: Path) -> None:
-    """The journal's lock is ``flock``: a holder in another open of the file (as in
-    another process) makes :func:`open_journal` answer ``None``."""
+HOLDER = """
+import sys
+from gateway.store import SqliteStore
+store = SqliteStore(sys.argv[1])
+print("open", flush=True)
+sys.stdin.read()
+store.close()
+"""
+
+
+def test_i15_a_store_in_another_process_holds_the_file(tmp_path: Path) -> None:
+    """The journal's lock is ``flock``, which other processes see: while a server
+    process has the store open, a store here is refused; once that process exited (its
+    lock went with it), the file opens."""
     db = tmp_path / "toolbus.db"
-    path = Path(str(db) + SUFFIX)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(db)],
+        cwd=Path(__file__).resolve().parents[2],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        assert open_journal(str(db)) is None
+        assert holder.stdout is not None
+        assert holder.stdout.readline() == b"open\n"
+        with pytest.raises(StoreError, match="in use by another store"):
+            SqliteStore(db)
     finally:
-        os.close(fd)
+        holder.communicate(b"", timeout=30)
+    assert holder.returncode == 0
+    SqliteStore(db).close()
 
 
 def test_i15_a_journaled_call_whose_rows_were_committed_is_not_put_back(tmp_path: Path) -> None:
@@ -666,3 +691,48 @@ def test_i15_running_durable_says_yes_only_for_a_journaled_or_committed_row(
         assert memory.running_durable(key) is False
     finally:
         memory.close()
+
+
+def test_i15_an_entry_older_than_the_window_is_not_put_back(tmp_path: Path) -> None:
+    """SPEC I15, I12 (review of issue 13's change): an entry can outlive its call's
+    ledger row (a truncate failed, then a ledger purge deleted the row). At open, an
+    entry older than the ledger's window is skipped: its call id is new again, and
+    putting it back would bring a long-finished call back `running` and end it a second
+    time for its session. A fresh entry is still put back."""
+    db = tmp_path / "toolbus.db"
+    store = SqliteStore(db)
+    store.stage_session(session_row("s1"))
+    store.commit()
+    store.close()
+    now = time.time()
+    old = Intent("s1", "old1", '{"tool":"t"}', "", "alice", "t", "h", now - 7200)
+    new = Intent("s1", "new1", '{"tool":"t"}', "", "alice", "t", "h", now - 60)
+    leave_journal(db, [old, new])
+    reopened = SqliteStore(db, ledger_window=3600)
+    try:
+        assert (reopened.ledger("", "alice", "old1"), reopened.call("s1", "old1")) == (None, None)
+        assert reopened.ledger("", "alice", "new1") == LedgerRow(
+            "", "alice", "new1", "t", "h", "running", None, now - 60
+        )
+        assert reopened.call("s1", "new1") == ("running", b'{"tool":"t"}')
+    finally:
+        reopened.close()
+
+
+async def test_i15_the_server_replays_within_its_call_id_window(tmp_path: Path) -> None:
+    """The gateway opens its store with `calls.call_id_window`: a leftover entry two
+    days old (the default window is one day) is not put back, so a new call may use its
+    id and runs."""
+    lt.reset()
+    settings = lt.ledger_settings(tmp_path)
+    db = settings.data_dir / "toolbus.db"
+    leave_journal(
+        db, [Intent("s-gone", "w1", None, "", "alice", "held_async", "h", time.time() - 172_800)]
+    )
+    async with running(settings) as gw, peer(gw, options=GATED_ONLY) as p:
+        assert committed_ledger(db, "w1") == []
+        lt.GATE.jobs.set()
+        await p.invoke("w1", "held_async", CHARGE)
+        answer = await p.terminal("w1")
+        assert (answer["type"], answer["result"]) == ("result", {"charged": 100})
+    assert lt.runs(settings.data_dir) == ["w1 100"]
