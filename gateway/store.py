@@ -273,12 +273,12 @@ class SqliteStore:
 
     def stage_call(self, session_id: str, call_id: str, state: str, body: bytes | None) -> None:
         self._intents.drop_call(session_id, call_id)
-        self._batch.calls[(session_id, call_id)] = (session_id, call_id, state, body)
+        self._batch.put_call((session_id, call_id), (session_id, call_id, state, body))
 
     def stage_forget_call(self, session_id: str, call_id: str) -> None:
         self._intents.drop_call(session_id, call_id)
         self._batch.calls.pop((session_id, call_id), None)
-        self._batch.forget.append((session_id, call_id))
+        self._batch.forget[(session_id, call_id)] = None
 
     def stage_job(self, row: JobRow) -> None:
         self._batch.jobs[row.job_id] = checked(job_values(row), f"job {row.job_id}")

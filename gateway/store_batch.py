@@ -28,12 +28,20 @@ class SqliteBatch:
     """``session_id -> (last_seq, acked_seq, floor_seq)``."""
     calls: dict[tuple[str, str], tuple[str, str, str, bytes | None]] = field(default_factory=dict)
     """Keyed: a call that starts and ends within one tick is written once."""
-    forget: list[tuple[str, str]] = field(default_factory=list)
+    forget: dict[tuple[str, str], None] = field(default_factory=dict)
+    """Call rows to delete; a row of the same key staged after its forget cancels it."""
     jobs: dict[str, tuple[Any, ...]] = field(default_factory=dict)
     ledger: dict[tuple[str, str, str], LedgerRow] = field(default_factory=dict)
     ledger_before: float | None = None
     deletes: list[str] = field(default_factory=list)
     purge_before: float | None = None
+
+    def put_call(self, key: tuple[str, str], row: tuple[str, str, str, bytes | None]) -> None:
+        """Stage the call row ``row`` of ``key`` (session id, call id). A forget of the
+        key staged before is dropped: the row replaces the old one, and the forget's
+        delete, run after the inserts, would remove it (SPEC I12)."""
+        self.forget.pop(key, None)
+        self.calls[key] = row
 
     @property
     def dirty(self) -> bool:
@@ -62,7 +70,7 @@ class SqliteBatch:
                 self.calls.values(),
             )
         if self.forget:
-            db.executemany("DELETE FROM calls WHERE session_id=? AND call_id=?", self.forget)
+            db.executemany("DELETE FROM calls WHERE session_id=? AND call_id=?", list(self.forget))
         if self.seqs:
             self._write_seqs(db)
         if self.jobs:

@@ -123,11 +123,11 @@ class PgStore:
 
     def stage_call(self, session_id: str, call_id: str, state: str, body: bytes | None) -> None:
         node = self.fence.node_id if self.fence is not None else None
-        self._batch.calls[(session_id, call_id)] = (session_id, cid(call_id), state, body, node)
+        self._batch.put_call((session_id, call_id), (session_id, cid(call_id), state, body, node))
 
     def stage_forget_call(self, session_id: str, call_id: str) -> None:
         self._batch.calls.pop((session_id, call_id), None)
-        self._batch.forget.append((session_id, cid(call_id)))
+        self._batch.forget[(session_id, call_id)] = cid(call_id)
 
     def stage_job(self, row: JobRow) -> None:
         values = _text_checked(job_values(row), f"job {row.job_id}")

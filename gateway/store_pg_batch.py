@@ -98,7 +98,9 @@ class PgBatch:
         default_factory=dict
     )
     """Keyed: a call that starts and ends within one tick is written once."""
-    forget: list[tuple[str, bytes]] = field(default_factory=list)
+    forget: dict[tuple[str, str], bytes] = field(default_factory=dict)
+    """Call rows to delete, ``(session_id, call_id) -> stored call id``; a row of the same
+    key staged after its forget cancels it."""
     jobs: dict[str, tuple[Any, ...]] = field(default_factory=dict)
     ledger: dict[tuple[str, str, str], LedgerRow] = field(default_factory=dict)
     deletes: list[str] = field(default_factory=list)
@@ -106,6 +108,15 @@ class PgBatch:
     purged: list[str] = field(default_factory=list)
     """Sessions expired wherever they were held: the purge is not fenced (SPEC D2, N2)."""
     purge_before: float | None = None
+
+    def put_call(
+        self, key: tuple[str, str], row: tuple[str, bytes, str, bytes | None, str | None]
+    ) -> None:
+        """Stage the call row ``row`` of ``key`` (session id, call id); a forget of the
+        key staged before is dropped (as :meth:`SqliteBatch.put_call
+        <gateway.store_batch.SqliteBatch.put_call>`, SPEC I12)."""
+        self.forget.pop(key, None)
+        self.calls[key] = row
 
     @property
     def dirty(self) -> bool:
@@ -138,7 +149,7 @@ class PgBatch:
         calls = [v for (sid, _), v in self.calls.items() if sid not in fenced]
         if calls:
             cur.executemany(_INSERT_CALL, calls)
-        forget = [f for f in self.forget if f[0] not in fenced]
+        forget = [(sid, c) for (sid, _), c in self.forget.items() if sid not in fenced]
         if forget:
             cur.executemany("DELETE FROM calls WHERE session_id=%s AND call_id=%s", forget)
         kept = {sid: v for sid, v in self.seqs.items() if sid not in fenced}

@@ -444,3 +444,23 @@ def test_pg_store_of_schema_1_gains_the_credential_ref_column(pg_url: str) -> No
     with psycopg.connect(pg_url, autocommit=True) as db:
         rows = db.execute("SELECT version FROM toolbus_schema ORDER BY version").fetchall()
     assert rows == [(v,) for v in range(1, SCHEMA_VERSION + 1)]
+
+
+def test_i12_a_call_row_staged_after_its_forget_is_kept(opener: Opener) -> None:
+    """SPEC I12 (found in review): within one commit, a session's call record leaves its
+    window (`max_call_records`, a forget) and the same call id is staged again (a new
+    call): the new row is written; the forget deletes only the row before it."""
+    store = opener()
+    try:
+        store.stage_session(session("s1"))
+        store.stage_call("s1", "c1", "done", b'{"old":1}')
+        store.commit()
+        store.stage_forget_call("s1", "c1")
+        store.stage_call("s1", "c1", "running", b'{"tool":"t"}')
+        store.commit()
+        assert store.call("s1", "c1") == ("running", b'{"tool":"t"}')
+        store.stage_forget_call("s1", "c1")
+        store.commit()
+        assert store.call("s1", "c1") is None
+    finally:
+        store.close()
