@@ -31,7 +31,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -237,11 +237,13 @@ class Lane:
             self._changed.set()
             self._changed = None
 
-    async def changed(self) -> None:
-        """Return at the lane's next change of counts (slot taken or freed)."""
+    def changed(self) -> Coroutine[Any, Any, bool]:
+        """An awaitable that returns at the lane's next change of counts (slot taken or
+        freed) after this call. The event is taken here, not when the awaitable first
+        runs: a change between a check of the counts and that first step is not lost."""
         if self._changed is None:
             self._changed = asyncio.Event()
-        await self._changed.wait()
+        return self._changed.wait()
 
     async def wait_live(self, deadline: float) -> int:
         """Wait until no handler whose caller still waits holds a slot, or ``deadline``

@@ -86,3 +86,16 @@ async def test_e3_slot_is_held_until_the_handler_returns() -> None:
     finally:
         release.set()
         lane.close()
+
+
+async def test_e3_a_change_right_after_asking_is_not_lost() -> None:
+    """A waiter for the lane's next change sees one that happens after it asked and
+    before its first step ran (a slot freed by a handler thread's return, as after a
+    check of the counts): `changed()` takes its event when called. The suite's waits on
+    lane counts (`tests/gateway/fair_tools.py` `until`) hung on exactly this under load."""
+    lane = Lane("calls", 2, 2, 2, None)
+    slot = await lane.acquire("s1", ALICE, "t", None)
+    waiter = asyncio.ensure_future(lane.changed())  # asked; its first step not run yet
+    lane.cancel(slot)  # the change, before the waiter ran
+    async with asyncio.timeout(WAIT):
+        assert await waiter is True
