@@ -440,6 +440,8 @@ class Intents:
             self.journal.clear()
 
     def close(self) -> None:
+        """Close the journal (its entries stay for the next open); held rows are
+        dropped with the store."""
         if self.journal is not None:
             self.journal.close()
             self.journal = None

@@ -289,11 +289,13 @@ def test_i15_a_journaled_call_whose_rows_were_committed_is_not_put_back(tmp_path
     store.stage_ledger(LedgerRow("", "alice", "done1", "t", "h", "done", b"{}", 1.0))
     store.commit()
     store.close()
-    entries = [
-        Intent("s1", "done1", None, "", "alice", "t", "h", 1.0),
-        Intent("s1", "new1", '{"tool":"t"}', "", "alice", "t", "h", 2.0),
-    ]
-    Path(str(db) + SUFFIX).write_bytes(b"".join(e.encode() for e in entries))
+    leave_journal(
+        db,
+        [
+            Intent("s1", "done1", None, "", "alice", "t", "h", 1.0),
+            Intent("s1", "new1", '{"tool":"t"}', "", "alice", "t", "h", 2.0),
+        ],
+    )
     reopened = SqliteStore(db)
     try:
         assert reopened.ledger("", "alice", "done1") == LedgerRow(
@@ -335,10 +337,9 @@ def test_i15_a_locked_file_at_open_keeps_the_journal_for_the_next_start(tmp_path
     which advises moving the file away), the journal keeps its entry, and once the
     lock is gone the next open puts the call back."""
     db = tmp_path / "toolbus.db"
-    SqliteStore(db).close()
     entry = Intent("s1", "late1", None, "", "alice", "t", "h", 3.0)
+    leave_journal(db, [entry])
     journal_path = Path(str(db) + SUFFIX)
-    journal_path.write_bytes(entry.encode())
     holder = sqlite3.connect(db, isolation_level=None)
     holder.execute("BEGIN IMMEDIATE")
     try:
@@ -437,8 +438,7 @@ def test_i15_a_key_used_again_after_its_window_is_put_back_over_the_old_row(
     store.stage_ledger(LedgerRow("", "alice", "X", "t", "h", "done", b"{}", 1000.0))
     store.commit()
     store.close()
-    again = Intent("s2", "X", '{"tool":"t"}', "", "alice", "t", "h", 1000.0 + 86_430)
-    Path(str(db) + SUFFIX).write_bytes(again.encode())
+    leave_journal(db, [Intent("s2", "X", '{"tool":"t"}', "", "alice", "t", "h", 1000.0 + 86_430)])
     reopened = SqliteStore(db)
     try:
         assert reopened.ledger("", "alice", "X") == LedgerRow(
