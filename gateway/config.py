@@ -213,6 +213,11 @@ class StoreConfig(_Section):
     retry_max: float = Field(0.5, gt=0)
     """Longest pause, in seconds, between two attempts to commit a failed batch; the
     pause starts at 5 ms and doubles (SPEC D6)."""
+    settle_after: float = Field(0.05, gt=0)
+    """SQLite store: seconds from a flush whose events were made durable by one append
+    to the store's journal (``toolbus.db-intent``) to the commit of the file it owes,
+    one commit for every flush of that time; a read of the file, a full journal or a
+    clean stop commits sooner (SPEC D1). Unused on PostgreSQL, which commits each flush."""
     url: str | None = Field(None, pattern=r"^postgres(ql)?://")
     """``None``: the embedded SQLite store in ``data_dir``. A ``postgresql://`` URL: the
     PostgreSQL store, shared by every node pointed at it (SPEC N1; docs/deploy.md). Env:

@@ -276,7 +276,14 @@ class Outbox:
     sends them once a commit succeeds. Replies (not logged) are not held: during a
     failure they may overtake held events, which follow in order. Held frames are
     bounded per socket by its queue bound; past it the socket is closed 1013 (SPEC D5)
-    and its events come back by replay (:meth:`_hold`).
+    and its events come back by replay (:func:`_hold`).
+
+    On the SQLite store a flush makes its events durable by one append to the store's
+    journal (:meth:`Store.journal <gateway.store.Store.journal>`), not a commit; the
+    commit it owes runs ``settle_after`` seconds later, for every flush of that time at once
+    (or sooner, when the journal fills or a read needs the file). A failure of that
+    commit is a failed commit like any other: from then on flushes commit, and hold
+    their frames, until one succeeds.
 
     While commits have failed for longer than ``unavailable_after`` seconds,
     :attr:`unavailable` is true: new calls and sessions are refused ``unavailable`` and
@@ -287,6 +294,7 @@ class Outbox:
         unavailable_after: seconds of failing commits before :attr:`unavailable`.
         retry_max: longest pause between two commit attempts, in seconds.
         on_failure: called once per failed commit attempt (metrics).
+        settle_after: seconds from a journaled flush to the commit it owes.
     """
 
     RETRY_FIRST = 0.005
@@ -298,6 +306,7 @@ class Outbox:
         unavailable_after: float = 1.0,
         retry_max: float = 0.5,
         on_failure: Callable[[], None] | None = None,
+        settle_after: float = 0.05,
     ) -> None:
         self._store = store
         self._pending: list[tuple[Recipient, bytes, bool]] = []
@@ -310,11 +319,14 @@ class Outbox:
         self.unavailable_after = unavailable_after
         self.retry_max = retry_max
         self._on_failure = on_failure
+        self.settle_after = settle_after
         self.failing_since: float | None = None
         """``time.monotonic()`` of the first failed commit of the current run of failures."""
         self._attempts = 0
         self._next_try = 0.0
         self._timer: asyncio.TimerHandle | None = None
+        self._settler: asyncio.TimerHandle | None = None
+        """The owed commit of journaled flushes, when one is due."""
         self._declared = False
         self._waiters: list[asyncio.Future[bool]] = []
         """Callers of :meth:`durable`, told the outcome of the next commit attempt."""
@@ -359,7 +371,7 @@ class Outbox:
             return False
         pending, self._pending = self._pending, []
         if not self._commit():
-            self._hold(item for item in pending if item[2])
+            self._held = _hold(self._held, self._held_bytes, (i for i in pending if i[2]))
             _deliver(item for item in pending if not item[2])
             return False
         if self._held:
@@ -367,36 +379,6 @@ class Outbox:
             self._held_bytes.clear()
         _deliver(pending)
         return True
-
-    def _hold(self, items: Iterable[tuple[Recipient, bytes, bool]]) -> None:
-        """Keep durable frames whose commit failed, bounded per socket (SPEC D5, D6).
-
-        A frame for a session without an open socket is not kept: its event stays
-        staged in the store, is committed when the store recovers, and comes back by
-        replay (SPEC D3). A socket whose held frames pass its queue bound
-        (``server.max_outbound_bytes``, the first frame not counted, as in
-        :meth:`Link.push_many`) is closed 1013 like a slow consumer and its held frames
-        dropped: the events are staged, not lost, and the client resumes once the
-        store commits again. So an outage holds at most one queue bound per socket.
-        """
-        over: list[Link] = []
-        for item in items:
-            link = item[0].link
-            if link is None or link.closed:
-                continue
-            first, size = self._held_bytes.get(link, (len(item[1]), 0))
-            size += len(item[1])
-            self._held_bytes[link] = (first, size)
-            self._held.append(item)
-            if size - first > link.max_bytes and link not in over:
-                over.append(link)
-        for link in over:
-            _, size = self._held_bytes.pop(link)
-            link.slow_consumer(
-                f"{size} bytes held while the store cannot commit > {link.max_bytes}"
-            )
-        if over:
-            self._held = [item for item in self._held if item[0].link not in over]
 
     def commit(self) -> bool:
         """Commit what is staged now, without delivering: queued frames still leave at
@@ -439,12 +421,16 @@ class Outbox:
         if self.failing_since is not None and now < self._next_try:
             self._settle(False)
             return False  # failing: the retry timer decides when to try again
+        store = self._store
         try:
-            self._store.commit()
+            if not store.journal():
+                store.commit()
         except StoreUnavailable as exc:
             self._failed(exc, now)
             self._settle(False)
             return False
+        if store.owed and self._settler is None:
+            self._settler = asyncio.get_running_loop().call_later(self.settle_after, self._pay)
         self._settle(True)
         if self.failing_since is not None:
             logger.warning(
@@ -480,6 +466,18 @@ class Outbox:
         if self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(delay, self._retry)
 
+    def _pay(self) -> None:
+        """Commit what journaled flushes owe; a failure starts a run of failed commits
+        (the next flushes commit and hold their frames)."""
+        self._settler = None
+        if self._closed or not self._store.owed:
+            return
+        now = time.monotonic()
+        try:
+            self._store.commit()
+        except StoreUnavailable as exc:
+            self._failed(exc, now)
+
     def _retry(self) -> None:
         self._timer = None
         self._next_try = 0.0
@@ -498,9 +496,46 @@ class Outbox:
         self._settle(False)
         self._held.clear()
         self._held_bytes.clear()
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        for timer in (self._timer, self._settler):
+            if timer is not None:
+                timer.cancel()
+        self._timer = self._settler = None
+
+
+def _hold(
+    held: list[tuple[Recipient, bytes, bool]],
+    held_bytes: dict[Link, tuple[int, int]],
+    items: Iterable[tuple[Recipient, bytes, bool]],
+) -> list[tuple[Recipient, bytes, bool]]:
+    """Keep durable frames whose commit failed, bounded per socket (SPEC D5, D6): append
+    ``items`` to ``held`` (an :class:`Outbox`'s held frames, ``held_bytes`` their bytes
+    per socket) and return what is kept.
+
+    A frame for a session without an open socket is not kept: its event stays
+    staged in the store, is committed when the store recovers, and comes back by
+    replay (SPEC D3). A socket whose held frames pass its queue bound
+    (``server.max_outbound_bytes``, the first frame not counted, as in
+    :meth:`Link.push_many`) is closed 1013 like a slow consumer and its held frames
+    dropped: the events are staged, not lost, and the client resumes once the
+    store commits again. So an outage holds at most one queue bound per socket.
+    """
+    over: list[Link] = []
+    for item in items:
+        link = item[0].link
+        if link is None or link.closed:
+            continue
+        first, size = held_bytes.get(link, (len(item[1]), 0))
+        size += len(item[1])
+        held_bytes[link] = (first, size)
+        held.append(item)
+        if size - first > link.max_bytes and link not in over:
+            over.append(link)
+    for link in over:
+        _, size = held_bytes.pop(link)
+        link.slow_consumer(f"{size} bytes held while the store cannot commit > {link.max_bytes}")
+    if over:
+        return [item for item in held if item[0].link not in over]
+    return held
 
 
 def _deliver(items: Iterable[tuple[Recipient, bytes, bool]]) -> None:

@@ -1,12 +1,15 @@
 """Durable state behind sessions, calls, jobs and event logs (SPEC D1-D3, J5, I12).
 
 :class:`Store` is the small interface every backend implements; :class:`SqliteStore`
-is the embedded default (one file, WAL). Writes are *staged* in memory and committed
-together by :meth:`Store.commit`, which the :class:`~gateway.outbox.Outbox` calls once
-per event-loop tick before it sends anything: an event is durable before it leaves
-(SPEC D1) while a burst of events costs one transaction, not one disk sync each. WAL
-with ``synchronous=NORMAL`` survives a process crash; a power loss may lose the last
-commits (SQLite's documented trade-off).
+is the embedded default (one file, WAL). Writes are *staged* in memory and made
+durable together once per event-loop tick by the :class:`~gateway.outbox.Outbox`,
+before it sends anything: an event is durable before it leaves (SPEC D1) while a burst
+of events costs one write, not one disk sync each. On SQLite that write is an append
+to the store's journal (:meth:`Store.journal`, :mod:`gateway.store_journal`); the
+commit of the file it owes runs later, once for many ticks, and before any read of the
+file. Elsewhere it is :meth:`Store.commit`. WAL with ``synchronous=NORMAL`` and the
+journal's ``write(2)`` survive a process crash; a power loss may lose the last commits
+(SQLite's documented trade-off).
 
 A networked backend (PostgreSQL, Redis) implements :class:`Store` with the same staging
 contract: stage cheaply, commit in :meth:`commit`, read committed data.
@@ -20,8 +23,9 @@ Storage faults fail closed (SPEC D6):
 - A commit that fails (database locked by another process, disk full, I/O error) is
   rolled back and raises :class:`StoreUnavailable`; everything staged stays staged, in
   order, and the next :meth:`Store.commit` writes it all. Nothing durable is lost and,
-  since the outbox sends a frame only after the commit that holds it succeeded, nothing
-  unstored is ever sent.
+  since the outbox sends a frame only after the journal append or commit that holds it
+  succeeded, nothing unstored is ever sent. After a failed commit nothing is journaled
+  until a commit succeeds.
 - The SQLite connection of the event loop never waits on a lock (``busy_timeout`` 0): a
   locked file fails the commit at once and the outbox retries on a timer.
 - :class:`SqliteStore` checks the file at open (``PRAGMA quick_check``, the schema
@@ -36,29 +40,25 @@ import logging
 import sqlite3
 import time
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from gateway.store_batch import SqliteBatch
 from gateway.store_check import SCHEMA_VERSION as SCHEMA_VERSION
 from gateway.store_check import StoreDamaged as StoreDamaged
 from gateway.store_check import StoreError as StoreError
+from gateway.store_check import StoreUnavailable as StoreUnavailable
 from gateway.store_check import open_checked
 from gateway.store_checkpoint import Checkpointer, start_checkpoints
 from gateway.store_journal import JOURNAL_BYTES as JOURNAL_BYTES
 from gateway.store_journal import Intents, open_replayed
+from gateway.store_reads import SqliteReads
 from gateway.store_rows import BadValue as BadValue
 from gateway.store_rows import JobRow as JobRow
 from gateway.store_rows import LedgerRow as LedgerRow
 from gateway.store_rows import SessionRow as SessionRow
-from gateway.store_rows import checked, job_row, job_values, session_row, session_values
+from gateway.store_rows import checked, job_values, session_values
 
 logger = logging.getLogger("gateway.store")
-
-
-class StoreUnavailable(StoreError):
-    """A commit or read could not be done now: the file is locked or busy, the disk is
-    full, or an I/O error occurred (SPEC D6). Nothing of a failed commit is durable and
-    everything it held stays staged for the next attempt."""
 
 
 class Store(Protocol):
@@ -120,6 +120,17 @@ class Store(Protocol):
                 and the next call writes it (with whatever was staged since).
         """
 
+    def journal(self) -> bool:
+        """Make everything staged durable without a commit, by one append to the store's
+        journal (SPEC D1, D6; SQLite only): ``True`` when it is, and the commit is owed
+        (:attr:`owed`) to a later :meth:`commit`, which reads run first; ``False`` when
+        the caller must :meth:`commit` (no journal, rows a journal entry does not carry,
+        the last commit failed, the append failed)."""
+
+    @property
+    def owed(self) -> bool:
+        """Whether journaled writes wait for a :meth:`commit` (:meth:`journal`)."""
+
     def load_session(self, session_id: str) -> SessionRow | None: ...
 
     def delete_session(self, session_id: str) -> None:
@@ -158,6 +169,16 @@ class Store(Protocol):
         """Delete expired sessions and jobs finished more than ``job_retention`` s ago."""
 
     def close(self) -> None: ...
+
+
+class CommitsOnly:
+    """:meth:`Store.journal` and :attr:`Store.owed` of a store without a journal: every
+    flush commits (PostgreSQL: every node reads the database)."""
+
+    owed = False
+
+    def journal(self) -> bool:
+        return False
 
 
 WAL_PAGES = 16_384
@@ -203,15 +224,7 @@ CREATE INDEX IF NOT EXISTS call_ledger_by_age ON call_ledger (created_at);
 """
 
 
-# A session row's last_seq is written with the row (save, ack); events emitted since are
-# in the log, so the true last seq is the larger of the two. This keeps emit() to a
-# single staged insert.
-_SELECT_SESSIONS = (
-    "SELECT s.*, (SELECT MAX(seq) FROM events e WHERE e.session_id = s.session_id) FROM sessions s"
-)
-
-
-class SqliteStore:
+class SqliteStore(SqliteReads):
     """The embedded default :class:`Store`: one SQLite file in WAL mode (SPEC D3).
 
     Args:
@@ -262,21 +275,24 @@ class SqliteStore:
     def stage_event(self, session_id: str, seq: int, body: bytes) -> None:
         # ``body`` comes encoded from protocol.codec (valid UTF-8 JSON): nothing to check.
         self._batch.events.append((session_id, seq, body))
+        self._intents.staged_event(session_id, seq, body)
 
     def stage_session(self, row: SessionRow) -> None:
         batch = self._batch
         batch.sessions[row.session_id] = checked(session_values(row), "session")
-        batch.seqs.pop(row.session_id, None)
+        if row.session_id in batch.seqs:  # the row's counters win; its floor still trims
+            batch.seqs[row.session_id] = (row.last_seq, row.acked_seq, row.floor_seq)
 
     def stage_seq(self, session_id: str, last_seq: int, acked_seq: int, floor_seq: int) -> None:
         self._batch.seqs[session_id] = (last_seq, acked_seq, floor_seq)
+        self._intents.staged_seq(session_id, last_seq, acked_seq, floor_seq)
 
     def stage_call(self, session_id: str, call_id: str, state: str, body: bytes | None) -> None:
-        self._intents.drop_call(session_id, call_id)
+        self._intents.staged_call(session_id, call_id, state, body)
         self._batch.put_call((session_id, call_id), (session_id, call_id, state, body))
 
     def stage_forget_call(self, session_id: str, call_id: str) -> None:
-        self._intents.drop_call(session_id, call_id)
+        self._intents.forgotten(session_id, call_id)
         self._batch.calls.pop((session_id, call_id), None)
         self._batch.forget[(session_id, call_id)] = None
 
@@ -285,7 +301,7 @@ class SqliteStore:
 
     def stage_ledger(self, row: LedgerRow) -> None:
         key = (row.tenant, row.user, row.call_id)
-        self._intents.drop_ledger(key)
+        self._intents.staged_ledger(key, row)
         self._batch.ledger[key] = row
 
     @property
@@ -295,6 +311,20 @@ class SqliteStore:
 
     def commit(self) -> None:
         self._commit(self._intents.emptying(self._batch))
+
+    def journal(self) -> bool:
+        return not self._commit_failed and self._intents.log(self._batch)
+
+    @property
+    def owed(self) -> bool:
+        return self._intents.owed
+
+    def _settled(self) -> sqlite3.Connection:
+        """The connection, once the file has every journaled write (a read of the file
+        must see what was sent, SPEC D1, D3); raises :class:`StoreUnavailable`."""
+        if self._intents.owed:
+            self.commit()
+        return self._db
 
     def _commit(self, emptying: bool) -> None:
         """Commit the batch; with ``emptying``, the held rows too, then empty the journal
@@ -321,8 +351,7 @@ class SqliteStore:
                 raise
             self._commit_failed = False
             self._batch = SqliteBatch()
-        if emptying:
-            self._intents.emptied()
+        self._intents.committed(emptying)
 
     def keep_intent(self, session_id: str, call_id: str, key: tuple[str, str, str]) -> bool:
         return not self._commit_failed and self._intents.keep(self._batch, session_id, call_id, key)
@@ -342,81 +371,11 @@ class SqliteStore:
 
     # -- reads -----------------------------------------------------------------------
 
-    def load_session(self, session_id: str) -> SessionRow | None:
-        cur = self._db.execute(_SELECT_SESSIONS + " WHERE s.session_id=?", (session_id,))
-        row = cur.fetchone()
-        return None if row is None else session_row(row)
-
-    def all_sessions(self) -> list[SessionRow]:
-        return [session_row(row) for row in self._db.execute(_SELECT_SESSIONS)]
-
     def delete_session(self, session_id: str) -> None:
         # Staged like every write (SPEC D6): a locked file must not fail or stall the end
         # of a session; the deletion runs last in the next commit.
         self._intents.drop_session(session_id)
         self._batch.deletes.append(session_id)
-
-    def events_after(
-        self, session_id: str, seq: int, limit: int | None = None
-    ) -> list[tuple[int, bytes]]:
-        try:
-            cur = self._db.execute(
-                "SELECT seq, body FROM events WHERE session_id=? AND seq>? ORDER BY seq LIMIT ?",
-                (session_id, seq, -1 if limit is None else limit),
-            )
-            return list(cur)
-        except sqlite3.Error as exc:
-            raise StoreUnavailable(f"{self.path}: reading events failed: {exc}") from exc
-
-    def events_complete(self, session_id: str, after: int, upto: int) -> bool:
-        # seq is unique per session (index events_by_session): the range is whole exactly
-        # when it holds upto - after rows. One index range count, no bodies read.
-        if upto <= after:
-            return True
-        try:
-            (count,) = self._db.execute(
-                "SELECT COUNT(*) FROM events WHERE session_id=? AND seq>? AND seq<=?",
-                (session_id, after, upto),
-            ).fetchone()
-        except sqlite3.Error as exc:
-            raise StoreUnavailable(f"{self.path}: reading events failed: {exc}") from exc
-        return bool(count == upto - after)
-
-    def call(self, session_id: str, call_id: str) -> tuple[str, bytes | None] | None:
-        cur = self._db.execute(
-            "SELECT state, body FROM calls WHERE session_id=? AND call_id=?", (session_id, call_id)
-        )
-        row = cur.fetchone()
-        return None if row is None else (row[0], row[1])
-
-    def done_call_ids(self, session_id: str) -> list[str]:
-        cur = self._db.execute(
-            "SELECT call_id FROM calls WHERE session_id=? AND state='done' ORDER BY id",
-            (session_id,),
-        )
-        return [row[0] for row in cur]
-
-    def running_calls(self) -> list[tuple[str, str, bytes | None]]:
-        cur = self._db.execute("SELECT session_id, call_id, body FROM calls WHERE state!='done'")
-        return [(row[0], row[1], row[2]) for row in cur]
-
-    def job(self, job_id: str) -> JobRow | None:
-        row = self._db.execute("SELECT * FROM jobs WHERE job_id=?", (job_id,)).fetchone()
-        return None if row is None else job_row(row)
-
-    def jobs(self, user: str, tenant: str | None, state: str | None, limit: int) -> list[JobRow]:
-        sql = "SELECT * FROM jobs WHERE user=? AND tenant IS ?"
-        args: list[Any] = [user, tenant]
-        if state is not None:
-            sql += " AND state=?"
-            args.append(state)
-        sql += " ORDER BY created_at DESC, rowid DESC LIMIT ?"
-        args.append(limit)
-        return [job_row(row) for row in self._db.execute(sql, args)]
-
-    def unfinished_jobs(self) -> list[JobRow]:
-        cur = self._db.execute("SELECT * FROM jobs WHERE state IN ('queued', 'running')")
-        return [job_row(row) for row in cur]
 
     def purge(self, now: float, job_retention: float) -> None:
         cur = self._db.execute(
@@ -439,10 +398,6 @@ class SqliteStore:
             (tenant, user, call_id),
         ).fetchone()
         return None if row is None else LedgerRow(*row)
-
-    def running_ledger(self) -> list[LedgerRow]:
-        cur = self._db.execute("SELECT * FROM call_ledger WHERE state='running'")
-        return [LedgerRow(*row) for row in cur]
 
     def purge_ledger(self, before: float) -> None:
         # Staged like purge(): a locked store is never waited on here (SPEC D6).

@@ -36,6 +36,12 @@ class StoreDamaged(StoreError):
     line naming the file, the damage and how to start fresh on purpose."""
 
 
+class StoreUnavailable(StoreError):
+    """A commit or read could not be done now: the file is locked or busy, the disk is
+    full, or an I/O error occurred (SPEC D6). Nothing of a failed commit is durable and
+    everything it held stays staged for the next attempt."""
+
+
 _CORE_TABLES = ("sessions", "events", "calls", "jobs")
 """Tables every store since schema version 1 has; one missing means damage."""
 

@@ -1,5 +1,22 @@
-"""The intent journal of a SQLite store: a call's ``running`` rows made durable with one
-``write(2)``, not a commit (SPEC I15, D6; issue 13).
+"""The journal of a SQLite store: a call's ``running`` rows, and each flush's writes,
+made durable with one ``write(2)``, not a commit (SPEC I15, D1, D6; issue 13).
+
+**Batch entries (SPEC D1).** A flush of the outbox
+(:meth:`SqliteStore.journal <gateway.store.SqliteStore.journal>`) appends the writes
+staged since the last flush or commit (events, call rows, ledger rows, session
+counters: :data:`_WRITES`) as one line, ``{"writes": [...]}``, and sends its frames; the
+commit of the file it owes runs later for every flush of that time
+(:class:`~gateway.outbox.Outbox`, ``store.settle_after``), first thing in any read of
+the file (:mod:`gateway.store_reads`), past :data:`JOURNAL_BYTES` and at a clean close,
+and it empties the journal. A batch holding rows no entry carries (a session row, a
+job row, a deletion, a purge) is committed instead, and so is every flush while the
+last commit failed (D6). At open, the batch entries found (a crash before their commit)
+are written first, in order; each write is guarded so that an entry the file already
+has (a crash after the commit, before the truncate, or a truncate that failed) changes
+nothing. A SQLite commit of a sequential call's rows cost about 80 us of CPU on the
+loop; the append costs a few (docs/bench.md).
+
+**Intent entries (SPEC I15).**
 
 Before a handler with side effects starts, its call's ``running`` rows (the principal's
 ledger row and the session's call row) must survive a crash, so that a re-send never
@@ -187,9 +204,13 @@ class IntentJournal:
         count on it and commits the rows instead. A failure is logged once, until an
         append succeeds again.
         """
+        return self.append_line(intent.encode())
+
+    def append_line(self, line: bytes) -> bool:
+        """Append one encoded entry (:meth:`Intent.encode`, :func:`encode_batch`);
+        ``True`` once all of it is in the file, as :meth:`append`."""
         if self._broken:
             return False
-        line = intent.encode()
         try:
             written = os.write(self._fd, line)
         except OSError as exc:
@@ -225,8 +246,14 @@ class IntentJournal:
             return
         self._size = 0
 
-    def read(self) -> list[Intent]:
-        """Every whole entry in the file, in order; torn or foreign lines are skipped."""
+    @property
+    def usable(self) -> bool:
+        """Whether the journal takes entries (no truncate failed)."""
+        return not self._broken
+
+    def read(self) -> list[Intent | list[Any]]:
+        """Every whole entry in the file, in order: an :class:`Intent`, or a batch entry's
+        list of writes (:func:`encode_batch`); torn or foreign lines are skipped."""
         # Only the file's length: a journal that is a device (``/dev/full`` in a test of
         # a full disk) would read forever.
         data = os.pread(self._fd, os.fstat(self._fd).st_size, 0)
@@ -234,14 +261,20 @@ class IntentJournal:
         for line in data.split(b"\n"):
             if not line:
                 continue
+            entry: Intent | list[Any] | None
             try:
-                intent = Intent(*decode_json(line))
-            except (ValueError, TypeError):  # not JSON, or not an entry's fields
-                intent = None
-            if intent is None or not intent.well_formed():
+                fields = decode_json(line)
+                if isinstance(fields, dict):
+                    entry = batch_writes(fields)
+                else:
+                    entry = Intent(*fields)
+                    entry = entry if entry.well_formed() else None
+            except (ValueError, TypeError, KeyError):  # not JSON, or not an entry's fields
+                entry = None
+            if entry is None:
                 logger.warning("%s: skipped a torn intent journal entry", self.path)
                 continue
-            found.append(intent)
+            found.append(entry)
         return found
 
     def fileno(self) -> int:
@@ -303,6 +336,88 @@ def open_replayed(
     return journal
 
 
+_WRITES = {"e": 3, "q": 4, "c": 4, "f": 2, "l": 8}
+"""A batch entry's writes by kind, with their number of values:
+``["e", session_id, seq, body]`` an event; ``["q", session_id, last_seq, acked_seq,
+floor_seq]`` a session's counters; ``["c", session_id, call_id, state, body]`` a call
+row; ``["f", session_id, call_id]`` a forgotten call row; ``["l", tenant, user,
+call_id, tool, params_hash, state, outcome, created_at]`` a ledger row. Bodies are text
+(the bytes are UTF-8 JSON from :mod:`protocol.codec`)."""
+
+
+def encode_batch(writes: list[tuple[Any, ...]]) -> bytes:
+    """A batch entry as one journal line, newline on both sides.
+
+    Raises:
+        TypeError: a value JSON cannot carry (the caller commits instead).
+    """
+    return b"\n" + encode_json({"writes": writes}) + b"\n"
+
+
+def batch_writes(fields: dict[str, Any]) -> list[Any] | None:
+    """The writes of a batch entry read back, or ``None`` when it is not one."""
+    writes = fields["writes"]
+    if not isinstance(writes, list):
+        return None
+    for write in writes:
+        if not (
+            isinstance(write, list)
+            and write
+            and _WRITES.get(write[0]) == len(write) - 1
+            and all(v is None or isinstance(v, str | int | float) for v in write[1:])
+        ):
+            return None
+    return writes
+
+
+def _text(body: bytes | None) -> str | None:
+    return None if body is None else body.decode("utf-8", "surrogateescape")
+
+
+def _bytes(text: str | None) -> bytes | None:
+    return None if text is None else text.encode("utf-8", "surrogateescape")
+
+
+def _apply(db: sqlite3.Connection, writes: list[Any]) -> None:
+    """Write a batch entry's writes in the order they were staged. Each is guarded so
+    that an entry the file already has (a crash after its commit, before the truncate)
+    changes nothing: no event of a session the file lacks or at or below its floor, no
+    ledger row over a newer one, counters only forward."""
+    for kind, *v in writes:
+        if kind == "e":
+            db.execute(
+                "INSERT OR IGNORE INTO events (session_id, seq, body) SELECT ?,?,? WHERE EXISTS "
+                "(SELECT 1 FROM sessions WHERE session_id=? AND floor_seq<?)",
+                (v[0], v[1], _bytes(v[2]), v[0], v[1]),
+            )
+        elif kind == "q":
+            db.execute(
+                "UPDATE sessions SET last_seq=MAX(last_seq,?), acked_seq=MAX(acked_seq,?), "
+                "floor_seq=MAX(floor_seq,?) WHERE session_id=?",
+                (v[1], v[2], v[3], v[0]),
+            )
+            db.execute("DELETE FROM events WHERE session_id=? AND seq<=?", (v[0], v[3]))
+        elif kind == "c":
+            db.execute(
+                "INSERT OR REPLACE INTO calls (session_id, call_id, state, body) SELECT ?,?,?,? "
+                "WHERE EXISTS (SELECT 1 FROM sessions WHERE session_id=?)",
+                (v[0], v[1], v[2], _bytes(v[3]), v[0]),
+            )
+        elif kind == "f":
+            db.execute("DELETE FROM calls WHERE session_id=? AND call_id=?", (v[0], v[1]))
+        else:
+            tenant, user, call_id, tool, params_hash, state, outcome, created_at = v
+            row = LedgerRow(
+                tenant, user, call_id, tool, params_hash, state, _bytes(outcome), created_at
+            )
+            db.execute(
+                "INSERT OR REPLACE INTO call_ledger SELECT ?,?,?,?,?,?,?,? WHERE NOT EXISTS "
+                "(SELECT 1 FROM call_ledger WHERE tenant=? AND user=? AND call_id=? "
+                "AND created_at>?)",
+                (*ledger_values(row), row.tenant, row.user, row.call_id, row.created_at),
+            )
+
+
 def replay(journal: IntentJournal, db: sqlite3.Connection, since: float | None = None) -> None:
     """Put back the ``running`` rows of calls journaled but never committed (a crash
     between the append and the commit), then empty the journal. Run at open, before
@@ -311,15 +426,26 @@ def replay(journal: IntentJournal, db: sqlite3.Connection, since: float | None =
     committed (a spent entry): skipped; so is an entry created before ``since`` (the
     ledger's window: its call id is new again, and its call long ended or was purged).
 
+    Batch entries (writes journaled instead of committed, SPEC D1) are written first, in
+    order: their events were sent, so they are durable.
+
     Raises:
         StoreError: the rows cannot be written now (locked, full, I/O error).
     """
-    intents = [i for i in journal.read() if since is None or i.created_at >= since]
-    if intents:
+    entries = journal.read()
+    batches = [entry for entry in entries if isinstance(entry, list)]
+    intents = [
+        entry
+        for entry in entries
+        if isinstance(entry, Intent) and (since is None or entry.created_at >= since)
+    ]
+    if intents or batches:
         try:
             # Start-up may wait on a lock, as the open did; the loop's connection never.
             db.execute("PRAGMA busy_timeout=5000")
             db.execute("BEGIN IMMEDIATE")
+            for writes in batches:
+                _apply(db, writes)
             put = sum(_put_back(db, intent) for intent in intents)
             db.execute("COMMIT")
         except sqlite3.Error as exc:
@@ -330,6 +456,8 @@ def replay(journal: IntentJournal, db: sqlite3.Connection, since: float | None =
         finally:
             with contextlib.suppress(sqlite3.Error):
                 db.execute("PRAGMA busy_timeout=0")
+        if batches:
+            logger.info("%s: %d journaled batches written", journal.path, len(batches))
         if put:
             logger.info(
                 "%s: %d journaled calls were never committed; put back as running",
@@ -378,6 +506,70 @@ class Intents:
         self.journal = journal
         self._ledger: dict[Key, LedgerRow] = {}
         self._calls: dict[tuple[str, str], tuple[str, str, str, bytes | None]] = {}
+        self._writes: list[tuple[Any, ...]] = []
+        """Writes staged since the last commit and not journaled yet (:data:`_WRITES`)."""
+        self.owed = False
+        """Writes are journaled that the file does not have yet: the next commit (an
+        emptying one) owes them."""
+
+    def staged_event(self, session_id: str, seq: int, body: bytes) -> None:
+        """An event was staged."""
+        if self.journal is not None:
+            self._writes.append(("e", session_id, seq, _text(body)))
+
+    def staged_seq(self, session_id: str, last: int, acked: int, floor: int) -> None:
+        """A session's counters were staged."""
+        if self.journal is not None:
+            self._writes.append(("q", session_id, last, acked, floor))
+
+    def staged_call(self, session_id: str, call_id: str, state: str, body: bytes | None) -> None:
+        """A call row was staged: it replaces a held one."""
+        self._calls.pop((session_id, call_id), None)
+        if self.journal is not None:
+            self._writes.append(("c", session_id, call_id, state, _text(body)))
+
+    def forgotten(self, session_id: str, call_id: str) -> None:
+        """A call row was forgotten: a held one must never be written."""
+        self._calls.pop((session_id, call_id), None)
+        if self.journal is not None:
+            self._writes.append(("f", session_id, call_id))
+
+    def staged_ledger(self, key: Key, row: LedgerRow) -> None:
+        """A ledger row of ``key`` was staged: it replaces the held one."""
+        self._ledger.pop(key, None)
+        if self.journal is not None:
+            v = ledger_values(row)
+            self._writes.append(("l", *v[:6], _text(v[6]), v[7]))
+
+    def log(self, batch: SqliteBatch) -> bool:
+        """Journal the writes staged since the last commit or log, in one append (SPEC
+        D1, D6): ``True`` when everything staged in ``batch`` is durable now, the file's
+        commit owed (:attr:`owed`). ``False`` (nothing changed) without a usable journal,
+        past :data:`JOURNAL_BYTES`, when ``batch`` holds rows a batch entry does not carry
+        (sessions, jobs, deletions, purges), or when the append failed: the caller
+        commits."""
+        journal = self.journal
+        if (
+            journal is None
+            or not journal.usable
+            or journal.size >= JOURNAL_BYTES
+            or batch.sessions
+            or batch.jobs
+            or batch.deletes
+            or batch.ledger_before is not None
+            or batch.purge_before is not None
+        ):
+            return False
+        if self._writes:
+            try:
+                line = encode_batch(self._writes)
+            except TypeError:
+                return False
+            if not journal.append_line(line):
+                return False
+            self._writes = []
+            self.owed = True
+        return True
 
     def keep(self, batch: SqliteBatch, session_id: str, call_id: str, key: Key) -> bool:
         """Journal the call's staged ``running`` rows and hold them out of ``batch``;
@@ -404,14 +596,6 @@ class Intents:
         """The held ``running`` ledger row of ``key``, if it is held."""
         return self._ledger.get(key)
 
-    def drop_ledger(self, key: Key) -> None:
-        """A row of ``key`` was staged: it replaces the held one."""
-        self._ledger.pop(key, None)
-
-    def drop_call(self, session_id: str, call_id: str) -> None:
-        """A call row was staged or forgotten: the held one must never be written."""
-        self._calls.pop((session_id, call_id), None)
-
     def drop_session(self, session_id: str) -> None:
         """The session is deleted: its held call rows must never be written back (the
         replay puts back only the calls of sessions the file has)."""
@@ -419,11 +603,12 @@ class Intents:
             del self._calls[held]
 
     def emptying(self, batch: SqliteBatch) -> bool:
-        """Whether the commit of ``batch`` is to empty the journal: past
+        """Whether the commit of ``batch`` is to empty the journal: it owes journaled
+        writes (after it no batch entry may be applied again), past
         :data:`JOURNAL_BYTES`, or a ledger purge (no entry outlives its ledger row)."""
         journal = self.journal
         return journal is not None and (
-            batch.ledger_before is not None or journal.size >= JOURNAL_BYTES
+            self.owed or batch.ledger_before is not None or journal.size >= JOURNAL_BYTES
         )
 
     def release(self, batch: SqliteBatch) -> None:
@@ -433,11 +618,13 @@ class Intents:
         batch.calls.update(self._calls)
         self._ledger, self._calls = {}, {}
 
-    def emptied(self) -> None:
-        """The commit after :meth:`release` succeeded: every entry's rows are in the
-        file, so the journal is emptied."""
-        if self.journal is not None:
+    def committed(self, emptying: bool) -> None:
+        """A commit succeeded: the staged writes are in the file. With ``emptying`` (it
+        followed :meth:`release`) every entry's rows are too, so the journal is emptied."""
+        self._writes = []
+        if emptying and self.journal is not None:
             self.journal.clear()
+            self.owed = False
 
     def close(self) -> None:
         """Close the journal (its entries stay for the next open); held rows are

@@ -26,7 +26,7 @@ import psycopg
 
 from gateway.pg_fence import Fence, TakeOver
 from gateway.pg_link import PgLink
-from gateway.store import StoreUnavailable
+from gateway.store import CommitsOnly, StoreUnavailable
 from gateway.store_pg_batch import JOB_COLS, LEDGER_COLS, SESSION_COLS, PgBatch, cid
 from gateway.store_rows import (
     BadValue,
@@ -82,12 +82,11 @@ def _ledger_row(row: tuple[Any, ...]) -> LedgerRow:
     )
 
 
-class PgStore:
+class PgStore(CommitsOnly):
     """A :class:`~gateway.store.Store` on PostgreSQL (SPEC N1, D6, N7).
 
     Args:
-        url: a ``postgresql://`` URL (libpq syntax; ``?options=-csearch_path=x`` picks
-            the schema the tables live in).
+        url: ``postgresql://`` (libpq; ``?options=-csearch_path=x`` picks the schema).
 
     Raises:
         StoreError: the database cannot be reached at start, or refused the migration.
@@ -116,7 +115,8 @@ class PgStore:
         fence, sid = self.fence, row.session_id
         owner = (None, 0) if fence is None else (fence.node_id, fence.new_session(sid))
         self._batch.sessions[sid] = (*values, *owner)
-        self._batch.seqs.pop(row.session_id, None)
+        if sid in self._batch.seqs:  # the row's counters win; its floor still trims (D2)
+            self.stage_seq(sid, row.last_seq, row.acked_seq, row.floor_seq)
 
     def stage_seq(self, session_id: str, last_seq: int, acked_seq: int, floor_seq: int) -> None:
         self._batch.seqs[session_id] = (last_seq, acked_seq, floor_seq)

@@ -330,7 +330,11 @@ def build_gateway(
     status, sockets, background = Status(), LiveSockets(lifetime), TaskSet()
     store_cfg = settings.store
     outbox = Outbox(
-        store, store_cfg.unavailable_after, store_cfg.retry_max, metrics.store_commit_failures.inc
+        store,
+        store_cfg.unavailable_after,
+        store_cfg.retry_max,
+        metrics.store_commit_failures.inc,
+        store_cfg.settle_after,
     )
 
     def session_ended(session: Session) -> None:

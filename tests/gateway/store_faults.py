@@ -24,6 +24,7 @@ from websockets.asyncio.client import connect
 
 from gateway.server import Gateway
 from gateway.store import SqliteStore, StoreUnavailable
+from gateway.store_journal import SUFFIX
 from tests.support import MS, WAIT, Peer, resume_fields
 
 Stored = Callable[[str, int], bytes | None]
@@ -31,17 +32,44 @@ Stored = Callable[[str, int], bytes | None]
 
 
 def stored_in(path: Path) -> Stored:
-    """Read committed events from the SQLite file at ``path`` on a connection of its own
-    (what a restarted server would find)."""
+    """Read durable events: committed in the SQLite file at ``path`` (on a connection of
+    its own), or in a batch entry of its journal (``<path>-intent``: a flush journaled,
+    its commit still owed, SPEC D1); what a restarted server would find."""
     db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None)
+    journal = Path(str(path) + SUFFIX)
 
     def stored(session_id: str, seq: int) -> bytes | None:
         row = db.execute(
             "SELECT body FROM events WHERE session_id=? AND seq=?", (session_id, seq)
         ).fetchone()
-        return None if row is None else bytes(row[0])
+        if row is not None:
+            return bytes(row[0])
+        return journaled_event(journal, session_id, seq)
 
     return stored
+
+
+def journaled_event(journal: Path, session_id: str, seq: int) -> bytes | None:
+    """The body of event ``seq`` of a session in the journal's batch entries, if any."""
+    if not journal.exists():
+        return None
+    for line in journal.read_bytes().split(b"\n"):
+        entry = orjson.loads(line) if line.startswith(b"{") else None
+        for write in entry["writes"] if entry else ():
+            if write[:3] == ["e", session_id, seq]:
+                return str(write[3]).encode()
+    return None
+
+
+async def first_commit_fails(gw: Gateway, p: Peer) -> None:
+    """Make ``gw`` commit now and wait until that failed (SPEC D6). A flush journals
+    events, call, ledger and counter rows without a commit (SPEC D1) and only the commit
+    it owes, later, would fail; a ``context.update`` stages the session's row, which no
+    journal entry carries, so its flush commits at once. Its reply (not an event) is
+    read here; the context does not change, so no ``catalog`` event follows."""
+    await p.send({"type": "context.update", "id": "probe", "context": {}})
+    await p.expect("context", id="probe")
+    await until(lambda: gw.outbox.failing_since is not None, "a failed commit")
 
 
 class CheckedPeer(Peer):
@@ -127,6 +155,12 @@ class FlakyStore:
             self.failures += 1
             raise StoreUnavailable("test: injected commit failure")
         self.inner.commit()
+
+    def journal(self) -> bool:
+        """Never: every flush commits (as on PostgreSQL), so each can fail at random;
+        the journal under real faults is in test_store_faults.py and
+        test_d1_journaled_flush.py."""
+        return False
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)

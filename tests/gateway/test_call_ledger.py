@@ -368,5 +368,9 @@ class FailingCommits:
             raise StoreUnavailable("test: commit refused")
         self.inner.commit()
 
+    def journal(self) -> bool:
+        """A failing store takes no journal entry either (SPEC D6): flushes commit."""
+        return not self.failing and self.inner.journal()
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)

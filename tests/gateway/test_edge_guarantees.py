@@ -20,6 +20,7 @@ from websockets.exceptions import ConnectionClosed
 
 from gateway.context import ToolContext
 from gateway.server import Gateway
+from tests.gateway.store_faults import first_commit_fails
 from tests.pg_support import pg_url  # noqa: F401 (fixture)
 from tests.support import WAIT, Peer, own_catalog, peer, running, settings_for
 
@@ -423,6 +424,7 @@ async def test_d5_d6_frames_held_in_a_store_outage_are_bounded_and_resume_recove
                 assert locker.stdout is not None
                 assert locker.stdin is not None
                 assert await locker.stdout.readline() == b"locked\n"
+                await first_commit_fails(gw, p)  # not only when the owed commit is due (D1)
                 FLAGS.release.set()
                 async with asyncio.timeout(WAIT):
                     while True:  # nothing of the job arrives: it is not stored

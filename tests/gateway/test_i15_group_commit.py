@@ -48,6 +48,11 @@ class CountingStore:
         self.commits += 1
         self.inner.commit()
 
+    def journal(self) -> bool:
+        """Never: these tests count the commits of a store without a journal (as
+        PostgreSQL's); the journal's flushes are tested in test_d1_journaled_flush.py."""
+        return False
+
     def __getattr__(self, name: str) -> object:
         return getattr(self.inner, name)
 

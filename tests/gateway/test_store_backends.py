@@ -464,3 +464,25 @@ def test_i12_a_call_row_staged_after_its_forget_is_kept(opener: Opener) -> None:
         assert store.call("s1", "c1") is None
     finally:
         store.close()
+
+
+def test_d2_a_session_row_staged_after_a_floor_still_trims_the_log(opener: Opener) -> None:
+    """SPEC D2 (found with the journaled flushes of issue 13): the log's floor moves
+    (the unacked cap or an ack stages the counters), then the session's whole row is
+    staged before the next commit (it parks): the row's counters are written and the
+    events at or below its floor are still dropped."""
+    store = opener()
+    try:
+        store.stage_session(session("s1"))
+        for seq in (1, 2, 3):
+            store.stage_event("s1", seq, b'{"seq":%d}' % seq)
+        store.commit()
+        store.stage_seq("s1", 3, 0, 2)
+        store.stage_session(replace(session("s1"), last_seq=3, floor_seq=2, expires_at=9.0))
+        store.commit()
+        assert [seq for seq, _ in store.events_after("s1", 0)] == [3]
+        row = store.load_session("s1")
+        assert row is not None
+        assert (row.last_seq, row.floor_seq, row.expires_at) == (3, 2, 9.0)
+    finally:
+        store.close()

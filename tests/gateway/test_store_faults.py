@@ -32,6 +32,7 @@ from tests.gateway.store_faults import (
     FlakyStore,
     Stored,
     checked_peer,
+    first_commit_fails,
     resumes_agree,
     stored_in,
     unhandled,
@@ -104,7 +105,9 @@ async def _outage_checks(gw: Gateway, peers: list[CheckedPeer], n: int) -> None:
 
 async def _held_calls_then_outage(gw: Gateway, a: CheckedPeer, b: CheckedPeer) -> None:
     """Both sessions invoke while commits fail: their events are held, never sent; after
-    the configured wait new calls are refused."""
+    the configured wait new calls are refused. (A flush journals its events and owes
+    the commit, SPEC D1; the probe makes the first commit fail now, not when it is due.)"""
+    await first_commit_fails(gw, a)
     await a.invoke("a1", "convert_units", CONVERT)
     await b.invoke("b1", "convert_units", CONVERT)
     await until(lambda: gw.outbox.held == 4, "tool_start and result of both calls held")

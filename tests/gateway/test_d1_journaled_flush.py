@@ -1,0 +1,301 @@
+"""Flushes made durable by the store's journal, their commit owed (SPEC D1, D3, D6, I12;
+issue 13; ``gateway/store_journal.py``, ``SqliteStore.journal``, ``Outbox``).
+
+On the SQLite store a flush appends the writes staged since the last one (events, call,
+ledger and counter rows) to the store's journal in one ``write(2)`` and sends; the
+commit of the file it owes runs ``store.settle_after`` seconds later for every flush of
+that time, or first thing in any read of the file. Checked here: what the journal takes
+and refuses, that a read sees what was sent, that a batch entry left by a SIGKILL is
+written at the next open (and guarded against an entry the file already has), that
+results sent from the journal survive a real SIGKILL of the server, and that an owed
+commit failing on a real lock (another process) starts an outage like any failed
+commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import sys
+from asyncio.subprocess import PIPE
+from pathlib import Path
+
+import orjson
+import pytest
+from websockets.asyncio.client import connect
+
+from gateway.server import Gateway
+from gateway.store import SessionRow, SqliteStore, StoreUnavailable
+from gateway.store_journal import SUFFIX, encode_batch
+from gateway.store_rows import LedgerRow
+from tests.gateway import ledger_tools as lt
+from tests.gateway.store_faults import checked_peer, resumes_agree, stored_in, until
+from tests.gateway.test_call_ledger import SUB
+from tests.gateway.test_i15_intent_journal import committed_ledger, journaled_writes
+from tests.support import CONVERT, Peer, peer, running, script_server, settings_for
+
+CHARGE = {"amount": 100}
+
+SERVER_SCRIPT = """
+import asyncio, sys
+from pathlib import Path
+from gateway.server import Gateway
+from tests.gateway.ledger_tools import ledger_settings
+
+async def main():
+    settings = ledger_settings(Path(sys.argv[1]), store={"settle_after": 3600})
+    gateway = Gateway(settings)
+    await gateway.start()
+    print(gateway.port, flush=True)
+    await asyncio.Event().wait()
+
+asyncio.run(main())
+"""
+"""A gateway whose owed commits never come due: what a flush sent is only journaled."""
+
+LOCKER = """
+import sqlite3, sys
+db = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=10)
+db.execute("BEGIN IMMEDIATE")
+print("locked", flush=True)
+sys.stdin.readline()
+db.execute("ROLLBACK")
+"""
+
+
+def _session(sid: str) -> SessionRow:
+    return SessionRow(sid, "h", "alice", None, "demo", {}, {}, [], 0, 0, 0, 1.0, None, None)
+
+
+def _file_events(db: Path, sid: str) -> list[tuple[int, bytes]]:
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute(
+            "SELECT seq, body FROM events WHERE session_id=? ORDER BY seq", (sid,)
+        ).fetchall()
+    conn.close()
+    return [(seq, bytes(body)) for seq, body in rows]
+
+
+def test_d1_a_flush_is_journaled_and_a_read_pays_the_owed_commit(tmp_path: Path) -> None:
+    """SPEC D1, D3: ``journal()`` makes staged events and call rows durable by one
+    append, not a commit: the file lacks them, the journal holds them. The next read of
+    the file (a resume's ``events_after``) first commits what is owed and empties the
+    journal, so it returns what was sent."""
+    db = tmp_path / "toolbus.db"
+    store = SqliteStore(db)
+    try:
+        store.stage_session(_session("s1"))
+        assert store.journal() is False  # a session row: no journal entry carries it
+        store.commit()
+        store.stage_event("s1", 1, b'{"type":"result","seq":1}')
+        store.stage_call("s1", "c1", "done", b'{"type":"result","seq":1}')
+        assert store.journal() is True
+        assert store.owed is True
+        assert _file_events(db, "s1") == []
+        assert journaled_writes(db) == [
+            ["e", "s1", 1, '{"type":"result","seq":1}'],
+            ["c", "s1", "c1", "done", '{"type":"result","seq":1}'],
+        ]
+        assert store.events_after("s1", 0) == [(1, b'{"type":"result","seq":1}')]
+        assert store.owed is False
+        assert _file_events(db, "s1") == [(1, b'{"type":"result","seq":1}')]
+        assert Path(str(db) + SUFFIX).stat().st_size == 0
+        assert store.call("s1", "c1") == ("done", b'{"type":"result","seq":1}')
+    finally:
+        store.close()
+
+
+def test_d1_the_journal_refuses_rows_no_entry_carries_and_a_failed_commit(
+    tmp_path: Path,
+) -> None:
+    """SPEC D1, D6: a batch holding a session row, a job row or a deletion is committed,
+    not journaled; while the last commit failed (another connection's write lock) no
+    flush is journaled either, and the commit that succeeds afterwards writes all."""
+    db = tmp_path / "toolbus.db"
+    store = SqliteStore(db)
+    try:
+        store.stage_session(_session("s1"))
+        store.commit()
+        store.delete_session("gone")
+        assert store.journal() is False
+        store.commit()
+        store.stage_event("s1", 1, b'{"seq":1}')
+        holder = sqlite3.connect(db, isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")
+        try:
+            store.stage_session(_session("s2"))
+            assert store.journal() is False
+            with pytest.raises(StoreUnavailable):
+                store.commit()
+            store.stage_event("s1", 2, b'{"seq":2}')
+            assert store.journal() is False  # the last commit failed (SPEC D6)
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        store.commit()
+        assert [seq for seq, _ in _file_events(db, "s1")] == [1, 2]
+        assert store.load_session("s2") is not None
+    finally:
+        store.close()
+
+
+KILLED_AFTER_FLUSH = """
+import os, signal, sys
+from gateway.store import SessionRow, SqliteStore
+from gateway.store_rows import LedgerRow
+store = SqliteStore(sys.argv[1])
+row = SessionRow("s1", "h", "alice", None, "demo", {}, {}, [], 0, 0, 0, 1.0, None, None)
+store.stage_session(row)
+store.commit()
+store.stage_event("s1", 1, b'{"seq":1}')
+store.stage_event("s1", 2, b'{"seq":2}')
+store.stage_call("s1", "c1", "done", b'{"seq":2}')
+store.stage_ledger(LedgerRow("", "alice", "c1", "t", "h", "done", b'{"seq":2}', 5.0))
+assert store.journal()
+store.stage_seq("s1", 2, 1, 1)
+assert store.journal()
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+async def test_d1_d3_batch_entries_left_by_a_sigkill_are_written_at_the_next_open(
+    tmp_path: Path,
+) -> None:
+    """SPEC D1, D3, I12, I15: a process journals two flushes (events, a call's ended
+    rows, then an ack's counters) and is SIGKILLed before their commit. The next open
+    writes them in order: event 1 is gone again (at the floor the ack set), event 2 is
+    there, the call's record and its ledger row say done."""
+    db = tmp_path / "toolbus.db"
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", KILLED_AFTER_FLUSH, str(db))
+    assert await proc.wait() == -9
+    assert _file_events(db, "s1") == []
+    store = SqliteStore(db)
+    try:
+        assert store.events_after("s1", 0) == [(2, b'{"seq":2}')]
+        row = store.load_session("s1")
+        assert row is not None
+        assert (row.last_seq, row.acked_seq, row.floor_seq) == (2, 1, 1)
+        assert store.call("s1", "c1") == ("done", b'{"seq":2}')
+        assert store.ledger("", "alice", "c1") == LedgerRow(
+            "", "alice", "c1", "t", "h", "done", b'{"seq":2}', 5.0
+        )
+        assert journaled_writes(db) == []
+    finally:
+        store.close()
+
+
+def test_d1_a_batch_entry_the_file_already_has_changes_nothing(tmp_path: Path) -> None:
+    """A crash after a commit and before the journal's truncate leaves entries the file
+    has, or has gone past (a truncate that failed): written again at open they change
+    nothing: no event of a session the file lacks or at or below its floor, no ledger
+    row over a newer one, counters only forward."""
+    db = tmp_path / "toolbus.db"
+    store = SqliteStore(db)
+    store.stage_session(_session("s1"))
+    store.stage_seq("s1", 9, 5, 5)
+    store.stage_ledger(LedgerRow("", "alice", "c1", "t", "h", "done", b"new", 9.0))
+    store.commit()
+    store.close()
+    stale = [
+        ("e", "gone", 1, "{}"),
+        ("e", "s1", 4, "{}"),
+        ("e", "s1", 6, '{"seq":6}'),
+        ("q", "s1", 3, 2, 2),
+        ("l", "", "alice", "c1", "t", "h", "done", "old", 1.0),
+    ]
+    Path(str(db) + SUFFIX).write_bytes(encode_batch(stale))
+    store = SqliteStore(db)
+    try:
+        assert store.events_after("gone", 0) == []
+        assert store.events_after("s1", 0) == [(6, b'{"seq":6}')]
+        row = store.load_session("s1")
+        assert row is not None
+        assert (row.acked_seq, row.floor_seq) == (5, 5)
+        found = store.ledger("", "alice", "c1")
+        assert found is not None
+        assert found.outcome == b"new"
+    finally:
+        store.close()
+
+
+async def test_d1_i12_results_sent_from_the_journal_survive_a_sigkill(tmp_path: Path) -> None:
+    """SPEC D1, D3, I12, I15: a server whose owed commits never come due sends a call's
+    result from the journal alone and is SIGKILLed: the file has no row of the call. The
+    next server writes the journal's entries at open; the resumed session gets the
+    result by replay, a re-send of the call id gets the recorded result, and the tool
+    ran once."""
+    settings = lt.ledger_settings(tmp_path)
+    db = settings.data_dir / "toolbus.db"
+    lt.reset()
+    async with (
+        script_server(SERVER_SCRIPT, str(tmp_path)) as first,
+        connect(f"ws://127.0.0.1:{first.port}/", subprotocols=[SUB]) as ws,
+    ):
+        a = Peer(ws)
+        welcome = await a.hello(options={"tool_start": "gated"})
+        await a.invoke("c1", "charge", CHARGE)
+        sent = await a.terminal("c1")
+        assert (sent["type"], sent["result"]) == ("result", {"charged": 100})
+        await first.crash()
+    assert first.proc.returncode == -9
+    assert committed_ledger(db, "c1") == []
+    assert [w[6] for w in journaled_writes(db) if w[0] == "l" and w[3] == "c1"][-1] == "done"
+    async with (
+        running(settings) as gw,
+        peer(
+            gw,
+            session_id=welcome["session_id"],
+            resume_token=welcome["resume_token"],
+            last_seq=welcome["last_seq"],
+            options={"tool_start": "gated"},
+        ) as resumed,
+    ):
+        assert resumed.welcome["resumed"] is True
+        assert await resumed.terminal("c1") == sent
+        await resumed.invoke("c1", "charge", CHARGE)
+        again = await resumed.terminal("c1")
+        assert {k: v for k, v in again.items() if k != "seq"} == {
+            k: v for k, v in sent.items() if k != "seq"
+        }
+    assert committed_ledger(db, "c1") == [("done", "charge")]
+    assert lt.runs(settings.data_dir) == ["c1 100"]
+
+
+async def test_d6_an_owed_commit_failing_on_a_lock_starts_an_outage(tmp_path: Path) -> None:
+    """SPEC D1, D6: another process holds the file's write lock. A call's result still
+    leaves from the journal (durable there; the checked peer finds every event it gets
+    in the file or the journal); the commit it owes fails, and from then on events are
+    held, not sent. Once the lock is gone the held result arrives and every resume
+    agrees with the log."""
+    settings = settings_for(tmp_path, store={"retry_max": 0.05, "settle_after": 0.05})
+    gw = Gateway(settings)
+    await gw.start()
+    db = settings.data_dir / "toolbus.db"
+    locker = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", LOCKER, str(db), stdin=PIPE, stdout=PIPE
+    )
+    try:
+        async with checked_peer(gw, stored_in(db)) as a:
+            await a.expect("catalog")
+            assert locker.stdout is not None
+            assert await locker.stdout.readline() == b"locked\n"
+            await a.invoke("a1", "convert_units", CONVERT)
+            first = await a.terminal("a1")
+            assert first["type"] == "result"
+            await until(lambda: gw.outbox.failing_since is not None, "the owed commit failed")
+            await a.invoke("a2", "convert_units", {**CONVERT, "value": 2})
+            await until(lambda: gw.outbox.held > 0, "a2's events held")
+            assert "a2" not in {m.get("call_id") for m in a.seen}
+            assert locker.stdin is not None
+            locker.stdin.write(b"release\n")
+            await locker.stdin.drain()
+            second = await a.terminal("a2")
+            assert (second["type"], second["result"]["result"]) == ("result", 200.0)
+            await until(lambda: gw.outbox.failing_since is None, "commits again")
+            await resumes_agree(gw, a)
+    finally:
+        if locker.returncode is None:
+            locker.kill()
+        await locker.communicate()
+        await gw.drain()
+    assert orjson.loads(_file_events(db, a.welcome["session_id"])[-1][1])["call_id"] == "a2"
