@@ -382,7 +382,8 @@ def _apply(db: sqlite3.Connection, writes: list[Any]) -> None:
     """Write a batch entry's writes in the order they were staged. Each is guarded so
     that an entry the file already has (a crash after its commit, before the truncate)
     changes nothing: no event of a session the file lacks or at or below its floor, no
-    ledger row over a newer one, counters only forward."""
+    ledger row over a newer one, no ``running`` row over an ended one of the same call,
+    counters only forward."""
     for kind, *v in writes:
         if kind == "e":
             db.execute(
@@ -400,8 +401,10 @@ def _apply(db: sqlite3.Connection, writes: list[Any]) -> None:
         elif kind == "c":
             db.execute(
                 "INSERT OR REPLACE INTO calls (session_id, call_id, state, body) SELECT ?,?,?,? "
-                "WHERE EXISTS (SELECT 1 FROM sessions WHERE session_id=?)",
-                (v[0], v[1], v[2], _bytes(v[3]), v[0]),
+                "WHERE EXISTS (SELECT 1 FROM sessions WHERE session_id=?) AND NOT (?='running' "
+                "AND EXISTS (SELECT 1 FROM calls WHERE session_id=? AND call_id=? "
+                "AND state='done'))",
+                (v[0], v[1], v[2], _bytes(v[3]), v[0], v[2], v[0], v[1]),
             )
         elif kind == "f":
             db.execute("DELETE FROM calls WHERE session_id=? AND call_id=?", (v[0], v[1]))
@@ -413,8 +416,8 @@ def _apply(db: sqlite3.Connection, writes: list[Any]) -> None:
             db.execute(
                 "INSERT OR REPLACE INTO call_ledger SELECT ?,?,?,?,?,?,?,? WHERE NOT EXISTS "
                 "(SELECT 1 FROM call_ledger WHERE tenant=? AND user=? AND call_id=? "
-                "AND created_at>?)",
-                (*ledger_values(row), row.tenant, row.user, row.call_id, row.created_at),
+                "AND (created_at>? OR (created_at=? AND ?='running' AND state!='running')))",
+                (*ledger_values(row), tenant, user, call_id, created_at, created_at, state),
             )
 
 

@@ -188,12 +188,15 @@ def test_d1_a_batch_entry_the_file_already_has_changes_nothing(tmp_path: Path) -
     """A crash after a commit and before the journal's truncate leaves entries the file
     has, or has gone past (a truncate that failed): written again at open they change
     nothing: no event of a session the file lacks or at or below its floor, no ledger
-    row over a newer one, counters only forward."""
+    row over a newer one, no `running` row over an ended one of the same call (ledger
+    and call record), counters only forward."""
     db = tmp_path / "toolbus.db"
     store = SqliteStore(db)
     store.stage_session(_session("s1"))
     store.stage_seq("s1", 9, 5, 5)
     store.stage_ledger(LedgerRow("", "alice", "c1", "t", "h", "done", b"new", 9.0))
+    store.stage_ledger(LedgerRow("", "alice", "c2", "t", "h", "done", b"out", 7.0))
+    store.stage_call("s1", "c2", "done", b"out")
     store.commit()
     store.close()
     stale = [
@@ -202,6 +205,8 @@ def test_d1_a_batch_entry_the_file_already_has_changes_nothing(tmp_path: Path) -
         ("e", "s1", 6, '{"seq":6}'),
         ("q", "s1", 3, 2, 2),
         ("l", "", "alice", "c1", "t", "h", "done", "old", 1.0),
+        ("l", "", "alice", "c2", "t", "h", "running", None, 7.0),
+        ("c", "s1", "c2", "running", '{"tool":"t"}'),
     ]
     Path(str(db) + SUFFIX).write_bytes(encode_batch(stale))
     store = SqliteStore(db)
@@ -214,6 +219,10 @@ def test_d1_a_batch_entry_the_file_already_has_changes_nothing(tmp_path: Path) -
         found = store.ledger("", "alice", "c1")
         assert found is not None
         assert found.outcome == b"new"
+        ended = store.ledger("", "alice", "c2")
+        assert ended is not None
+        assert (ended.state, ended.outcome) == ("done", b"out")
+        assert store.call("s1", "c2") == ("done", b"out")
     finally:
         store.close()
 
