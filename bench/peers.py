@@ -150,7 +150,7 @@ def _p11(bench: Any, p: Any, srv: dict[str, Any]) -> list[dict[str, Any]]:
         ),
         _row(
             "P11i",
-            "same, toolbus tool declared idempotent (no I15 journal append before the handler)",
+            "same, toolbus tool declared idempotent (no I15 check before the handler)",
             "(info)",
             None,
             toolbus=_us(med["toolbus_client_idempotent"]),

@@ -287,7 +287,7 @@ class Bench:
             )
         )
         for id_, kind, metric in (
-            ("P1i", "toolbus_idempotent", "tool declared idempotent (no I15 journal append)"),
+            ("P1i", "toolbus_idempotent", "tool declared idempotent (no I15 check)"),
             ("P1t", "toolbus_thread", "plain-def handler (thread hop)"),
         ):
             self.rows.append(
