@@ -587,6 +587,14 @@ class Intents:
         self._ledger[key] = batch.ledger.pop(key)
         if staged is not None and staged[2] == "running":
             self._calls[(session_id, call_id)] = batch.calls.pop((session_id, call_id))
+        # Their writes, just staged, leave the next batch entry too: the intent carries
+        # them (the replay puts back intents after the batch entries).
+        writes = self._writes
+        while writes and (
+            (writes[-1][0] == "l" and writes[-1][1:4] == key)
+            or (writes[-1][0] == "c" and writes[-1][1:4] == (session_id, call_id, "running"))
+        ):
+            writes.pop()
         return True
 
     def durable(self, batch: SqliteBatch, key: Key) -> bool:

@@ -248,7 +248,10 @@ async def test_d1_i12_results_sent_from_the_journal_survive_a_sigkill(tmp_path: 
         await first.crash()
     assert first.proc.returncode == -9
     assert committed_ledger(db, "c1") == []
-    assert [w[6] for w in journaled_writes(db) if w[0] == "l" and w[3] == "c1"][-1] == "done"
+    # The batch entries carry the call's ended rows only: its `running` rows are in its
+    # intent entry (admission), which the ended ones make spent.
+    assert [w[6] for w in journaled_writes(db) if w[0] == "l" and w[3] == "c1"] == ["done"]
+    assert [w[3] for w in journaled_writes(db) if w[0] == "c" and w[2] == "c1"] == ["done"]
     async with (
         running(settings) as gw,
         peer(
