@@ -50,7 +50,7 @@ from gateway.store_check import StoreUnavailable as StoreUnavailable
 from gateway.store_check import open_checked
 from gateway.store_checkpoint import Checkpointer, start_checkpoints
 from gateway.store_journal import JOURNAL_BYTES as JOURNAL_BYTES
-from gateway.store_journal import Intents, open_replayed
+from gateway.store_journal import open_replayed
 from gateway.store_reads import SqliteReads
 from gateway.store_rows import BadValue as BadValue
 from gateway.store_rows import JobRow as JobRow
@@ -221,6 +221,9 @@ CREATE TABLE IF NOT EXISTS call_ledger (
     PRIMARY KEY (tenant, user, call_id)
 );
 CREATE INDEX IF NOT EXISTS call_ledger_by_age ON call_ledger (created_at);
+CREATE TABLE IF NOT EXISTS journal_mark (
+    id INTEGER PRIMARY KEY CHECK (id = 1), generation INTEGER NOT NULL
+);
 """
 
 
@@ -259,8 +262,8 @@ class SqliteStore(SqliteReads):
         self._batch = SqliteBatch()
         self._commit_failed = False  # whether the last attempt (a purge's too) failed, D6
         since = None if ledger_window is None else time.time() - ledger_window
-        try:  # the intent journal; calls' running rows it holds stay out of the batch
-            self._intents = Intents(open_replayed(self.path, self._db, since))
+        try:  # the journal; calls' running rows it holds stay out of the batch
+            self._intents = open_replayed(self.path, self._db, since)
         except BaseException:
             self._db.close()
             raise

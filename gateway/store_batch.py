@@ -33,6 +33,9 @@ class SqliteBatch:
     jobs: dict[str, tuple[Any, ...]] = field(default_factory=dict)
     ledger: dict[tuple[str, str, str], LedgerRow] = field(default_factory=dict)
     ledger_before: float | None = None
+    journal_mark: int | None = None
+    """The number of the last journal batch entry whose rows this commit writes
+    (:func:`gateway.store_journal.replay` skips the entries the file has)."""
     deletes: list[str] = field(default_factory=list)
     purge_before: float | None = None
 
@@ -85,6 +88,8 @@ class SqliteBatch:
             )
         if self.ledger_before is not None:
             db.execute("DELETE FROM call_ledger WHERE created_at<?", (self.ledger_before,))
+        if self.journal_mark is not None:
+            db.execute("INSERT OR REPLACE INTO journal_mark VALUES (1, ?)", (self.journal_mark,))
         if self.deletes or self.purge_before is not None:
             self._write_deletes(db)
 

@@ -10,10 +10,11 @@ commit of the file it owes runs later for every flush of that time
 the file (:mod:`gateway.store_reads`), past :data:`JOURNAL_BYTES` and at a clean close,
 and it empties the journal. A batch holding rows no entry carries (a session row, a
 job row, a deletion, a purge) is committed instead, and so is every flush while the
-last commit failed (D6). At open, the batch entries found (a crash before their commit)
-are written first, in order; each write is guarded so that an entry the file already
-has (a crash after the commit, before the truncate, or a truncate that failed) changes
-nothing. A SQLite commit of a sequential call's rows cost about 80 us of CPU on the
+last commit failed (D6). Entries are numbered; the commit that writes their rows
+records the last number in the file (table ``journal_mark``) in the same transaction.
+At open, the entries numbered past the mark (a crash before their commit) are written
+first, in order; one the file already has (a crash after its commit, before the
+truncate, or a truncate that failed) is skipped, and each write is guarded besides. A SQLite commit of a sequential call's rows cost about 80 us of CPU on the
 loop; the append costs a few (docs/bench.md).
 
 **Intent entries (SPEC I15).**
@@ -251,9 +252,9 @@ class IntentJournal:
         """Whether the journal takes entries (no truncate failed)."""
         return not self._broken
 
-    def read(self) -> list[Intent | list[Any]]:
-        """Every whole entry in the file, in order: an :class:`Intent`, or a batch entry's
-        list of writes (:func:`encode_batch`); torn or foreign lines are skipped."""
+    def read(self) -> list[Intent | Batch]:
+        """Every whole entry in the file, in order: an :class:`Intent` or a
+        :class:`Batch`; torn or foreign lines are skipped."""
         # Only the file's length: a journal that is a device (``/dev/full`` in a test of
         # a full disk) would read forever.
         data = os.pread(self._fd, os.fstat(self._fd).st_size, 0)
@@ -261,11 +262,11 @@ class IntentJournal:
         for line in data.split(b"\n"):
             if not line:
                 continue
-            entry: Intent | list[Any] | None
+            entry: Intent | Batch | None
             try:
                 fields = decode_json(line)
                 if isinstance(fields, dict):
-                    entry = batch_writes(fields)
+                    entry = batch_entry(fields)
                 else:
                     entry = Intent(*fields)
                     entry = entry if entry.well_formed() else None
@@ -316,24 +317,24 @@ def open_journal(database: str) -> IntentJournal | None:
     return journal
 
 
-def open_replayed(
-    database: str, db: sqlite3.Connection, since: float | None = None
-) -> IntentJournal | None:
+def open_replayed(database: str, db: sqlite3.Connection, since: float | None = None) -> Intents:
     """:func:`open_journal`, then :func:`replay` into ``db`` (the store's connection) of
-    the entries created at or after ``since`` (Unix seconds; ``None``: all).
+    the intent entries created at or after ``since`` (Unix seconds; ``None``: all) and
+    the batch entries the file does not have; the journal as :class:`Intents`.
 
     Raises:
         StoreError: another store holds the journal, or the journaled calls cannot be
             put back now (the journal is closed).
     """
     journal = open_journal(database)
+    generation = 0
     if journal is not None:
         try:
-            replay(journal, db, since)
+            generation = replay(journal, db, since)
         except BaseException:
             journal.close()
             raise
-    return journal
+    return Intents(journal, generation)
 
 
 _WRITES = {"e": 3, "q": 4, "c": 4, "f": 2, "l": 8}
@@ -345,18 +346,30 @@ call_id, tool, params_hash, state, outcome, created_at]`` a ledger row. Bodies a
 (the bytes are UTF-8 JSON from :mod:`protocol.codec`)."""
 
 
-def encode_batch(writes: list[tuple[Any, ...]]) -> bytes:
-    """A batch entry as one journal line, newline on both sides.
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """A batch entry read back: its ``generation`` (the store numbers its entries; the
+    commit that writes an entry's rows records the number in the file, table
+    ``journal_mark``) and its ``writes`` (:data:`_WRITES`)."""
+
+    generation: int
+    writes: list[Any]
+
+
+def encode_batch(generation: int, writes: list[tuple[Any, ...]]) -> bytes:
+    """Batch entry number ``generation`` as one journal line, newline on both sides.
 
     Raises:
         TypeError: a value JSON cannot carry (the caller commits instead).
     """
-    return b"\n" + encode_json({"writes": writes}) + b"\n"
+    return b"\n" + encode_json({"gen": generation, "writes": writes}) + b"\n"
 
 
-def batch_writes(fields: dict[str, Any]) -> list[Any] | None:
-    """The writes of a batch entry read back, or ``None`` when it is not one."""
-    writes = fields["writes"]
+def batch_entry(fields: dict[str, Any]) -> Batch | None:
+    """A batch entry read back, or ``None`` when ``fields`` is not one."""
+    generation, writes = fields["gen"], fields["writes"]
+    if not isinstance(generation, int) or isinstance(generation, bool):
+        return None
     if not isinstance(writes, list):
         return None
     for write in writes:
@@ -367,7 +380,7 @@ def batch_writes(fields: dict[str, Any]) -> list[Any] | None:
             and all(v is None or isinstance(v, str | int | float) for v in write[1:])
         ):
             return None
-    return writes
+    return Batch(generation, writes)
 
 
 def _text(body: bytes | None) -> str | None:
@@ -421,7 +434,7 @@ def _apply(db: sqlite3.Connection, writes: list[Any]) -> None:
             )
 
 
-def replay(journal: IntentJournal, db: sqlite3.Connection, since: float | None = None) -> None:
+def replay(journal: IntentJournal, db: sqlite3.Connection, since: float | None = None) -> int:
     """Put back the ``running`` rows of calls journaled but never committed (a crash
     between the append and the commit), then empty the journal. Run at open, before
     recovery reads the ``running`` rows: recovery ends those calls ``cancelled`` and a
@@ -430,13 +443,24 @@ def replay(journal: IntentJournal, db: sqlite3.Connection, since: float | None =
     ledger's window: its call id is new again, and its call long ended or was purged).
 
     Batch entries (writes journaled instead of committed, SPEC D1) are written first, in
-    order: their events were sent, so they are durable.
+    order: their events were sent, so they are durable. Only those numbered past the
+    file's ``journal_mark``: a commit that wrote an entry's rows recorded its number in
+    the same transaction, so an entry left by a crash before the truncate, or by a
+    truncate that failed, is never written twice over newer rows.
+
+    Returns:
+        The number of the last batch entry the file has (the store numbers on from it).
 
     Raises:
         StoreError: the rows cannot be written now (locked, full, I/O error).
     """
     entries = journal.read()
-    batches = [entry for entry in entries if isinstance(entry, list)]
+    try:
+        found = db.execute("SELECT generation FROM journal_mark WHERE id=1").fetchone()
+    except sqlite3.Error as exc:
+        raise StoreError(f"{journal.path}: cannot read the journal's mark: {exc}") from exc
+    mark = 0 if found is None else int(found[0])
+    batches = [e for e in entries if isinstance(e, Batch) and e.generation > mark]
     intents = [
         entry
         for entry in entries
@@ -447,8 +471,11 @@ def replay(journal: IntentJournal, db: sqlite3.Connection, since: float | None =
             # Start-up may wait on a lock, as the open did; the loop's connection never.
             db.execute("PRAGMA busy_timeout=5000")
             db.execute("BEGIN IMMEDIATE")
-            for writes in batches:
-                _apply(db, writes)
+            for batch in batches:
+                _apply(db, batch.writes)
+            if batches:
+                mark = max(batch.generation for batch in batches)
+                db.execute("INSERT OR REPLACE INTO journal_mark VALUES (1, ?)", (mark,))
             put = sum(_put_back(db, intent) for intent in intents)
             db.execute("COMMIT")
         except sqlite3.Error as exc:
@@ -468,6 +495,7 @@ def replay(journal: IntentJournal, db: sqlite3.Connection, since: float | None =
                 put,
             )
     journal.clear()
+    return mark
 
 
 def _put_back(db: sqlite3.Connection, intent: Intent) -> bool:
@@ -505,8 +533,10 @@ class Intents:
     (:meth:`drop_ledger`, :meth:`drop_call`), so the call's later rows win.
     """
 
-    def __init__(self, journal: IntentJournal | None) -> None:
+    def __init__(self, journal: IntentJournal | None, generation: int = 0) -> None:
         self.journal = journal
+        self._generation = generation
+        """The number of the last batch entry appended (or found in the file)."""
         self._ledger: dict[Key, LedgerRow] = {}
         self._calls: dict[tuple[str, str], tuple[str, str, str, bytes | None]] = {}
         self._writes: list[tuple[Any, ...]] = []
@@ -565,9 +595,10 @@ class Intents:
             return False
         if self._writes:
             try:
-                line = encode_batch(self._writes)
+                line = encode_batch(self._generation + 1, self._writes)
             except TypeError:
                 return False
+            self._generation += 1  # a failed append may leave a torn line of this number
             if not journal.append_line(line):
                 return False
             self._writes = []
@@ -624,7 +655,10 @@ class Intents:
 
     def release(self, batch: SqliteBatch) -> None:
         """Stage every held row in ``batch`` again, for the commit that empties the
-        journal (none has a staged row of its key)."""
+        journal (none has a staged row of its key), and the number of the last batch
+        entry, which that commit records (:func:`replay` skips the entries it has)."""
+        if self.owed:
+            batch.journal_mark = self._generation
         batch.ledger.update(self._ledger)
         batch.calls.update(self._calls)
         self._ledger, self._calls = {}, {}

@@ -208,7 +208,7 @@ def test_d1_a_batch_entry_the_file_already_has_changes_nothing(tmp_path: Path) -
         ("l", "", "alice", "c2", "t", "h", "running", None, 7.0),
         ("c", "s1", "c2", "running", '{"tool":"t"}'),
     ]
-    Path(str(db) + SUFFIX).write_bytes(encode_batch(stale))
+    Path(str(db) + SUFFIX).write_bytes(encode_batch(1, stale))
     store = SqliteStore(db)
     try:
         assert store.events_after("gone", 0) == []
@@ -225,6 +225,80 @@ def test_d1_a_batch_entry_the_file_already_has_changes_nothing(tmp_path: Path) -
         assert store.call("s1", "c2") == ("done", b"out")
     finally:
         store.close()
+
+
+RESULT = b'{"type":"result","seq":2,"call_id":"c1"}'
+
+
+KILLED_AFTER_ONE_FLUSH = """
+import os, signal, sys
+from gateway.store import SqliteStore
+store = SqliteStore(sys.argv[1])
+store.stage_call("s1", "c2", "done", b'{"seq":3}')
+assert store.journal()
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def _left_after_its_commit(db: Path) -> None:
+    """The first part of the test below: an entry written by a commit and left in the
+    journal is skipped at the next open."""
+    journal = Path(str(db) + SUFFIX)
+    store = SqliteStore(db)
+    store.stage_session(_session("s1"))
+    store.commit()
+    store.stage_call("s1", "c1", "done", RESULT)
+    store.stage_ledger(LedgerRow("", "alice", "c1", "t", "h", "done", RESULT, 5.0))
+    assert store.journal() is True
+    left = journal.read_bytes()
+    store.stage_session(_session("s1"))
+    assert store.journal() is False
+    store.commit()
+    assert journal.stat().st_size == 0
+    store.stage_forget_call("s1", "c1")
+    store.commit()
+    store.close()
+    journal.write_bytes(left)  # killed after the commit, before the truncate
+    reopened = SqliteStore(db)
+    try:
+        assert reopened.call("s1", "c1") is None
+        assert reopened.ledger("", "alice", "c1") == LedgerRow(
+            "", "alice", "c1", "t", "h", "done", RESULT, 5.0
+        )
+        assert journal.stat().st_size == 0
+    finally:
+        reopened.close()
+
+
+def _generations(db: Path) -> list[int]:
+    """The numbers of the batch entries in the journal of ``db``."""
+    lines = Path(str(db) + SUFFIX).read_bytes().split()
+    return [orjson.loads(line)["gen"] for line in lines if line.startswith(b"{")]
+
+
+async def test_d1_i12_an_entry_left_after_its_commit_is_not_written_again(
+    tmp_path: Path,
+) -> None:
+    """SPEC D1, I12 (found in review): a flush journals a call's ended record; a later
+    commit (a session row makes it one) writes it, records the entry's number and would
+    empty the journal, and the call's record then leaves its window (forgotten,
+    committed). The process dies between that commit and the truncate: the journal still
+    holds the entry (put back here after the store closed, as a crash leaves it). At the
+    next open it is skipped, not written again: the forgotten record stays forgotten.
+    The next store numbers its entries on from the file's mark: one a SIGKILL leaves
+    before its commit is past the mark, and written at the next open."""
+    db = tmp_path / "toolbus.db"
+    _left_after_its_commit(db)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", KILLED_AFTER_ONE_FLUSH, str(db)
+    )
+    assert await proc.wait() == -9
+    assert _generations(db) == [2]
+    reopened = SqliteStore(db)
+    try:
+        assert reopened.call("s1", "c2") == ("done", b'{"seq":3}')
+    finally:
+        reopened.close()
 
 
 async def test_d1_i12_results_sent_from_the_journal_survive_a_sigkill(tmp_path: Path) -> None:
