@@ -14,8 +14,9 @@ last commit failed (D6). Entries are numbered; the commit that writes their rows
 records the last number in the file (table ``journal_mark``) in the same transaction.
 At open, the entries numbered past the mark (a crash before their commit) are written
 first, in order; one the file already has (a crash after its commit, before the
-truncate, or a truncate that failed) is skipped, and each write is guarded besides. A SQLite commit of a sequential call's rows cost about 80 us of CPU on the
-loop; the append costs a few (docs/bench.md).
+truncate, or a truncate that failed) is skipped, and each write is guarded besides.
+A SQLite commit of a sequential call's rows cost about 80 us of CPU on the loop; the
+append costs a few (docs/bench.md).
 
 **Intent entries (SPEC I15).**
 
