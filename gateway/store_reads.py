@@ -9,6 +9,7 @@ must see what was sent (SPEC D1, D3). That commit can fail
 from __future__ import annotations
 
 import sqlite3
+from abc import ABC, abstractmethod
 from typing import Any
 
 from gateway.store_check import StoreUnavailable
@@ -22,14 +23,14 @@ _SELECT_SESSIONS = (
 )
 
 
-class SqliteReads:
+class SqliteReads(ABC):
     """The reads of the :class:`~gateway.store.Store` interface on a SQLite file."""
 
     path: str
 
+    @abstractmethod
     def _settled(self) -> sqlite3.Connection:
         """The connection, once the file has every journaled write."""
-        raise NotImplementedError
 
     def load_session(self, session_id: str) -> SessionRow | None:
         cur = self._settled().execute(_SELECT_SESSIONS + " WHERE s.session_id=?", (session_id,))
