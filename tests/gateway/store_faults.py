@@ -27,6 +27,17 @@ from gateway.store import SqliteStore, StoreUnavailable
 from gateway.store_journal import SUFFIX
 from tests.support import MS, WAIT, Peer, resume_fields
 
+LOCKER = """
+import sqlite3, sys
+db = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=10)
+db.execute("BEGIN IMMEDIATE")
+print("locked", flush=True)
+sys.stdin.readline()
+db.execute("ROLLBACK")
+"""
+"""``python -c LOCKER DB``: holds the write lock of the SQLite file ``DB`` from another
+process (prints ``locked``) until a line arrives on its stdin (SPEC D6, case F20)."""
+
 Stored = Callable[[str, int], bytes | None]
 """``(session_id, seq)`` -> the committed event body, or ``None``."""
 

@@ -29,7 +29,7 @@ from gateway.store import SessionRow, SqliteStore, StoreUnavailable
 from gateway.store_journal import SUFFIX, encode_batch
 from gateway.store_rows import LedgerRow
 from tests.gateway import ledger_tools as lt
-from tests.gateway.store_faults import checked_peer, resumes_agree, stored_in, until
+from tests.gateway.store_faults import LOCKER, checked_peer, resumes_agree, stored_in, until
 from tests.gateway.test_call_ledger import SUB
 from tests.gateway.test_i15_intent_journal import committed_ledger, journaled_writes
 from tests.support import CONVERT, Peer, peer, running, script_server, settings_for
@@ -52,15 +52,6 @@ async def main():
 asyncio.run(main())
 """
 """A gateway whose owed commits never come due: what a flush sent is only journaled."""
-
-LOCKER = """
-import sqlite3, sys
-db = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=10)
-db.execute("BEGIN IMMEDIATE")
-print("locked", flush=True)
-sys.stdin.readline()
-db.execute("ROLLBACK")
-"""
 
 
 def _session(sid: str) -> SessionRow:

@@ -20,7 +20,7 @@ from websockets.exceptions import ConnectionClosed
 
 from gateway.context import ToolContext
 from gateway.server import Gateway
-from tests.gateway.store_faults import first_commit_fails
+from tests.gateway.store_faults import LOCKER, first_commit_fails
 from tests.pg_support import pg_url  # noqa: F401 (fixture)
 from tests.support import WAIT, Peer, own_catalog, peer, running, settings_for
 
@@ -342,15 +342,6 @@ async def test_i16_non_finite_floats_in_job_results_artifacts_and_progress_fail_
 
 
 # -- D1, D6: welcome only after the new session's row is committed -----------------------
-
-LOCKER = """
-import sqlite3, sys
-db = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=10)
-db.execute("BEGIN IMMEDIATE")
-print("locked", flush=True)
-sys.stdin.readline()
-db.execute("ROLLBACK")
-"""
 
 
 async def test_d1_d6_hello_while_the_store_cannot_commit_is_refused_and_leaves_nothing(

@@ -28,6 +28,7 @@ from websockets.exceptions import ConnectionClosed
 from gateway.server import Gateway
 from gateway.store import SqliteStore, Store
 from tests.gateway.store_faults import (
+    LOCKER,
     CheckedPeer,
     FlakyStore,
     Stored,
@@ -46,15 +47,6 @@ UNAVAILABLE_AFTER = 0.5
 PROMPT = 0.25
 """Longest a request may wait for its first answer while the store is down, seconds:
 the event loop never waits on the store, so this is scheduling slack only."""
-
-LOCKER = """
-import sqlite3, sys
-db = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=10)
-db.execute("BEGIN IMMEDIATE")
-print("locked", flush=True)
-sys.stdin.readline()
-db.execute("ROLLBACK")
-"""
 
 
 def _settings(tmp: Path, data_dir: Path | None = None) -> object:
