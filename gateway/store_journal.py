@@ -62,9 +62,12 @@ One store writes a SQLite file: the store takes an exclusive ``flock`` on its jo
 and a second store on the same file, in this process or another, fails to open
 (:class:`~gateway.store_check.StoreError`): the first one's ``running`` rows may be
 only in its journal, so the second could not see a call running there and would run
-a re-send again (SPEC I15). A store works without a journal when the journal cannot be
-opened, is not a regular file (``/dev/null`` would keep nothing), or after a truncate
-failed (it would only grow); then every call's rows are committed before its handler.
+a re-send again (SPEC I15). A store works without a journal when the journal does not
+exist and cannot be created, is not a regular file (``/dev/null`` would keep nothing),
+or after a truncate failed (it would only grow); then every flush commits, and every
+call's rows are committed before its handler. A journal that exists and cannot be
+opened stops the store (:class:`~gateway.store_check.StoreError`): it may hold sent
+events and running calls the file lacks.
 An entry left by a failed truncate outlives its call's ledger row: the replay skips
 entries older than the ledger's window (a call id that old is new again, SPEC I15), so
 a finished call is never put back.
@@ -291,11 +294,12 @@ class IntentJournal:
 
 def open_journal(database: str) -> IntentJournal | None:
     """The journal beside ``database``, or ``None`` when it cannot be used (an in-memory
-    store; it cannot be opened; not a regular file): the store then commits every call's
-    rows before its handler, as it did without one.
+    store; it does not exist and cannot be created; not a regular file): the store then
+    commits every flush and every call's rows before its handler.
 
     Raises:
-        StoreError: another store holds the journal's lock (one store per file).
+        StoreError: another store holds the journal's lock (one store per file), or the
+            journal exists and cannot be opened (it may hold what the file lacks).
     """
     if database == ":memory:":
         return None
@@ -308,7 +312,16 @@ def open_journal(database: str) -> IntentJournal | None:
             "one store may write a SQLite file"
         ) from None
     except OSError as exc:
-        logger.warning("%s: cannot open the intent journal (%s); calls commit instead", path, exc)
+        if path.exists() or path.is_symlink():
+            # It may hold sent events and running calls the file lacks (SPEC D1, I15):
+            # opening the store without them would lose a sent result and run a re-sent
+            # call again. Fail closed (SPEC D6).
+            raise StoreError(
+                f"{path}: cannot open the store's journal ({exc}); it may hold sent "
+                "events and running calls the database lacks, so the store does not open "
+                "without it"
+            ) from exc
+        logger.warning("%s: cannot create the journal (%s); calls commit instead", path, exc)
         return None
     if not stat.S_ISREG(os.fstat(journal.fileno()).st_mode):
         # A device or a FIFO is no journal (writes to /dev/null succeed and keep nothing).
@@ -601,6 +614,9 @@ class Intents:
                 return False
             self._generation += 1  # a failed append may leave a torn line of this number
             if not journal.append_line(line):
+                # A short write may have left the line whole but for its newline: the
+                # commit that follows must record this number and empty the journal.
+                self.owed = True
                 return False
             self._writes = []
             self.owed = True

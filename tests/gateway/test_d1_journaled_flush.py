@@ -25,7 +25,7 @@ import pytest
 from websockets.asyncio.client import connect
 
 from gateway.server import Gateway
-from gateway.store import SessionRow, SqliteStore, StoreUnavailable
+from gateway.store import SessionRow, SqliteStore, StoreError, StoreUnavailable
 from gateway.store_journal import SUFFIX, encode_batch
 from gateway.store_rows import LedgerRow
 from tests.gateway import ledger_tools as lt
@@ -290,6 +290,71 @@ async def test_d1_i12_an_entry_left_after_its_commit_is_not_written_again(
         assert reopened.call("s1", "c2") == ("done", b'{"seq":3}')
     finally:
         reopened.close()
+
+
+SHORT_APPEND_THEN_FORGOTTEN = """
+import os, resource, signal, sys
+from gateway.store import SessionRow, SqliteStore
+from gateway.store_journal import encode_batch
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+db = sys.argv[1]
+store = SqliteStore(db, checkpoint_interval=3600)  # no checkpoint under the size limit
+row = SessionRow("s1", "h", "alice", None, "demo", {}, {}, [], 0, 0, 0, 1.0, None, None)
+store.stage_session(row)
+store.commit()
+store.stage_call("s1", "c1", "running", b'{"tool":"t"}')
+# The disk fills: the append of entry 1 writes all of it but its closing newline.
+size = len(encode_batch(1, [("c", "s1", "c1", "running", '{"tool":"t"}')]))
+soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+resource.setrlimit(resource.RLIMIT_FSIZE, (os.path.getsize(db + "-intent") + size - 1, hard))
+journaled = store.journal()
+resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+assert journaled is False
+store.commit()  # what the outbox does when the journal did not take the flush
+store.stage_call("s1", "c1", "done", b'{"seq":1}')
+store.stage_session(row)
+store.commit()
+store.stage_forget_call("s1", "c1")
+store.stage_session(row)
+store.commit()
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+async def test_d1_i12_a_short_append_whose_rows_were_committed_is_not_written_again(
+    tmp_path: Path,
+) -> None:
+    """SPEC D1, I12 (found in review): a full disk stops a batch entry's append one byte
+    short, after the whole entry but its newline, so it reads back whole; the store
+    commits the rows instead, then the call ends and its record is forgotten, all
+    committed; SIGKILL. The commit after the failed append recorded the entry's number
+    and emptied the journal, so the next open does not bring the forgotten call back."""
+    db = tmp_path / "toolbus.db"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", SHORT_APPEND_THEN_FORGOTTEN, str(db)
+    )
+    assert await proc.wait() == -9
+    store = SqliteStore(db)
+    try:
+        assert store.call("s1", "c1") is None
+        assert store.running_ledger() == []
+    finally:
+        store.close()
+
+
+def test_d1_d6_a_journal_that_exists_and_cannot_be_opened_stops_the_store(
+    tmp_path: Path,
+) -> None:
+    """SPEC D1, D6 (found in review): the journal may hold sent events and running calls
+    the database lacks, so a journal that exists but cannot be opened (here a folder in
+    its place; in the field a permission or attribute changed) stops the store with a
+    typed error naming it, instead of opening without its entries."""
+    db = tmp_path / "toolbus.db"
+    SqliteStore(db).close()
+    Path(str(db) + SUFFIX).unlink()
+    Path(str(db) + SUFFIX).mkdir()
+    with pytest.raises(StoreError, match="cannot open the store's journal"):
+        SqliteStore(db)
 
 
 async def test_d1_i12_results_sent_from_the_journal_survive_a_sigkill(tmp_path: Path) -> None:
