@@ -4,7 +4,8 @@ made durable with one ``write(2)``, not a commit (SPEC I15, D1, D6; issue 13).
 **Batch entries (SPEC D1).** A flush of the outbox
 (:meth:`SqliteStore.journal <gateway.store.SqliteStore.journal>`) appends the writes
 staged since the last flush or commit (events, call rows, ledger rows, session
-counters: :data:`_WRITES`) as one line, ``{"writes": [...]}``, and sends its frames; the
+counters: :data:`_WRITES`) as one numbered line, ``{"gen": N, "writes": [...]}``, and
+sends its frames; the
 commit of the file it owes runs later for every flush of that time
 (:class:`~gateway.outbox.Outbox`, ``store.settle_after``), first thing in any read of
 the file (:mod:`gateway.store_reads`), past :data:`JOURNAL_BYTES` and at a clean close,
@@ -436,15 +437,12 @@ def _apply(db: sqlite3.Connection, writes: list[Any]) -> None:
         elif kind == "f":
             db.execute("DELETE FROM calls WHERE session_id=? AND call_id=?", (v[0], v[1]))
         else:
-            tenant, user, call_id, tool, params_hash, state, outcome, created_at = v
-            row = LedgerRow(
-                tenant, user, call_id, tool, params_hash, state, _bytes(outcome), created_at
-            )
+            key, state, outcome, created_at = v[:3], v[5], v[6], v[7]
             db.execute(
                 "INSERT OR REPLACE INTO call_ledger SELECT ?,?,?,?,?,?,?,? WHERE NOT EXISTS "
                 "(SELECT 1 FROM call_ledger WHERE tenant=? AND user=? AND call_id=? "
                 "AND (created_at>? OR (created_at=? AND ?='running' AND state!='running')))",
-                (*ledger_values(row), tenant, user, call_id, created_at, created_at, state),
+                (*v[:6], _bytes(outcome), created_at, *key, created_at, created_at, state),
             )
 
 
@@ -585,16 +583,17 @@ class Intents:
         """A ledger row of ``key`` was staged: it replaces the held one."""
         self._ledger.pop(key, None)
         if self.journal is not None:
-            v = ledger_values(row)
-            self._writes.append(("l", *v[:6], _text(v[6]), v[7]))
+            tail = (row.tool, row.params_hash, row.state, _text(row.outcome), row.created_at)
+            self._writes.append(("l", *key, *tail))
 
     def log(self, batch: SqliteBatch) -> bool:
         """Journal the writes staged since the last commit or log, in one append (SPEC
         D1, D6): ``True`` when everything staged in ``batch`` is durable now, the file's
-        commit owed (:attr:`owed`). ``False`` (nothing changed) without a usable journal,
-        past :data:`JOURNAL_BYTES`, when ``batch`` holds rows a batch entry does not carry
-        (sessions, jobs, deletions, purges), or when the append failed: the caller
-        commits."""
+        commit owed (:attr:`owed`). ``False`` without a usable journal, past
+        :data:`JOURNAL_BYTES`, when ``batch`` holds rows a batch entry does not carry
+        (sessions, jobs, deletions, purges), or when the append failed (then the next
+        commit is an emptying one: a short write may have left the entry whole): the
+        caller commits."""
         journal = self.journal
         if (
             journal is None
