@@ -51,6 +51,7 @@ from gateway.store_check import open_checked
 from gateway.store_checkpoint import Checkpointer, start_checkpoints
 from gateway.store_journal import JOURNAL_BYTES as JOURNAL_BYTES
 from gateway.store_journal import open_replayed
+from gateway.store_keys import LedgerKeys
 from gateway.store_reads import SqliteReads
 from gateway.store_rows import BadValue as BadValue
 from gateway.store_rows import JobRow as JobRow
@@ -267,6 +268,15 @@ class SqliteStore(SqliteReads):
         except BaseException:
             self._db.close()
             raise
+        # One writer of the file (the journal's lock, or a private :memory: database):
+        # a new call id is then answered from memory (issue 13, SPEC I12).
+        self._keys: LedgerKeys | None = None
+        if self.path == ":memory:" or self._intents.journal is not None:
+            count, latest = self._db.execute(
+                "SELECT count(*), coalesce(max(created_at), 0) FROM call_ledger"
+            ).fetchone()
+            keys = self._db.execute("SELECT tenant, user, call_id FROM call_ledger")
+            self._keys = LedgerKeys(keys, count, latest)
         self._checkpointer: Checkpointer | None = None
         if self.path != ":memory:":
             self._checkpointer = start_checkpoints(
@@ -306,6 +316,8 @@ class SqliteStore(SqliteReads):
         key = (row.tenant, row.user, row.call_id)
         self._intents.staged_ledger(key, row)
         self._batch.ledger[key] = row
+        if self._keys is not None:
+            self._keys.add(key, row.created_at)
 
     @property
     def dirty(self) -> bool:
@@ -353,6 +365,8 @@ class SqliteStore(SqliteReads):
                 self._rollback()
                 raise
             self._commit_failed = False
+            if self._batch.ledger_before is not None and self._keys is not None:
+                self._keys.expire(self._batch.ledger_before)
             self._batch = SqliteBatch()
         self._intents.committed(emptying)
 
@@ -396,6 +410,8 @@ class SqliteStore(SqliteReads):
         staged = self._batch.ledger.get(key) or self._intents.held_ledger(key)
         if staged is not None:
             return staged
+        if self._keys is not None and key not in self._keys:
+            return None  # no row of the file has this key: a new call id
         row = self._db.execute(
             "SELECT * FROM call_ledger WHERE tenant=? AND user=? AND call_id=?",
             (tenant, user, call_id),

@@ -11,7 +11,7 @@ import pytest
 
 from catalog.model import Mode, ToolDef
 from gateway.audit import MASK, redact
-from gateway.context import ToolContext
+from gateway.context import Cancellation, ToolContext
 from gateway.execute import as_object, run_handler
 from gateway.hooks import CallInfo, Deny, resolve, run_post, run_pre
 from gateway.workers import Lane
@@ -90,6 +90,26 @@ def test_i8_non_objects_are_wrapped() -> None:
         {"value": None},
         {"value": [1]},
     ]
+
+
+def test_i8_ctx_cancelled_is_an_event_made_on_first_use() -> None:
+    """SPEC I8, issue 13: `ctx.cancelled` is a `threading.Event` whose condition is made
+    only when first set, cleared or waited on; a thread waiting on it wakes when it is
+    set (whichever of the two comes first)."""
+    cancelled = ctx().cancelled
+    assert isinstance(cancelled, Cancellation)
+    assert isinstance(cancelled, threading.Event)
+    assert cancelled.is_set() is False
+    assert cancelled.wait(0) is False
+    woke: list[bool] = []
+    waiter = threading.Thread(target=lambda: woke.append(cancelled.wait(WAIT)))
+    waiter.start()
+    cancelled.set()
+    waiter.join(WAIT)
+    assert woke == [True]
+    assert cancelled.is_set() is True
+    cancelled.clear()
+    assert cancelled.is_set() is False
 
 
 async def test_i8_cancelling_a_handler_sets_ctx_cancelled_and_propagates() -> None:

@@ -1,0 +1,186 @@
+"""The SQLite store's call-ledger keys in memory (SPEC I12, I15; issue 13;
+``gateway/store_keys.py``).
+
+A new call id is answered "no record" from a Bloom filter over every key the file may
+hold, without reading the file; every key the filter may have seen is read as before.
+Checked here on a real store, with SQLite's own statement trace: which lookups read the
+file, that keys committed by an earlier store, staged, committed, or purged are answered
+as the file says, and that a store that is not the file's only writer reads every key.
+The put-back of a journaled call at open (its key is in the file, not staged) is
+checked end to end by ``test_i15_a_call_killed_before_any_commit_comes_back_from_the_journal``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from gateway.store import SqliteStore
+from gateway.store_journal import SUFFIX
+from gateway.store_keys import LedgerKeys
+from gateway.store_rows import LedgerRow
+
+
+def _row(call_id: str, state: str = "running", created_at: float = 1.0) -> LedgerRow:
+    outcome = None if state == "running" else b'{"type":"result"}'
+    return LedgerRow("", "alice", call_id, "t", "h", state, outcome, created_at)
+
+
+@contextmanager
+def _ledger_reads(store: SqliteStore) -> Iterator[list[str]]:
+    """The ledger reads the store's connection runs (SQLite's statement trace)."""
+    reads: list[str] = []
+
+    def seen(statement: str) -> None:
+        if statement.startswith("SELECT") and "call_ledger" in statement:
+            reads.append(statement)
+
+    store._db.set_trace_callback(seen)
+    try:
+        yield reads
+    finally:
+        store._db.set_trace_callback(None)
+
+
+def _lookup(store: SqliteStore, call_id: str) -> tuple[LedgerRow | None, int]:
+    """The store's answer for alice's ``call_id``, and how many ledger reads it ran."""
+    with _ledger_reads(store) as reads:
+        row = store.ledger("", "alice", call_id)
+    return row, len(reads)
+
+
+def test_i12_a_new_call_id_is_answered_without_reading_the_file(tmp_path: Path) -> None:
+    """A key never staged is answered from memory; a committed one is read (it is no
+    longer staged) and comes back whole."""
+    store = SqliteStore(tmp_path / "toolbus.db")
+    try:
+        store.stage_ledger(_row("c1", "done"))
+        store.commit()
+        assert _lookup(store, "new-call") == (None, 0)
+        assert _lookup(store, "c1") == (_row("c1", "done"), 1)
+    finally:
+        store.close()
+
+
+def test_i12_keys_committed_by_an_earlier_store_are_found(tmp_path: Path) -> None:
+    """The filter is built from the file at open: a re-send after a restart finds the
+    recorded outcome (SPEC I12)."""
+    db = tmp_path / "toolbus.db"
+    first = SqliteStore(db)
+    first.stage_ledger(_row("c1", "done"))
+    first.close()
+    second = SqliteStore(db)
+    try:
+        assert second.ledger("", "alice", "c1") == _row("c1", "done")
+        assert second.ledger("", "bob", "c1") is None
+    finally:
+        second.close()
+
+
+def test_i12_a_staged_key_is_found_before_and_after_its_commit(tmp_path: Path) -> None:
+    """Staged (the batch answers), journaled and still owed (the batch still answers),
+    then committed (the file answers): the same row each time."""
+    store = SqliteStore(tmp_path / "toolbus.db")
+    try:
+        store.stage_ledger(_row("c2"))
+        assert store.ledger("", "alice", "c2") == _row("c2")
+        assert store.journal() is True
+        assert store.ledger("", "alice", "c2") == _row("c2")
+        store.commit()
+        assert store.ledger("", "alice", "c2") == _row("c2")
+    finally:
+        store.close()
+
+
+def test_i12_a_purged_key_is_read_and_found_gone(tmp_path: Path) -> None:
+    """A purge deletes rows; their keys stay in the filter and only cost a read."""
+    store = SqliteStore(tmp_path / "toolbus.db")
+    try:
+        store.stage_ledger(_row("old", "done", created_at=1.0))
+        store.commit()
+        store.purge_ledger(before=2.0)
+        assert _lookup(store, "old") == (None, 1)
+    finally:
+        store.close()
+
+
+def test_i12_a_store_without_the_journal_lock_reads_every_key(tmp_path: Path) -> None:
+    """Without the journal (here a device, which the store refuses) nothing makes this
+    store the file's only writer: every lookup reads the file."""
+    db = tmp_path / "toolbus.db"
+    os.symlink("/dev/null", str(db) + SUFFIX)
+    store = SqliteStore(db)
+    try:
+        assert _lookup(store, "new-call") == (None, 1)
+    finally:
+        store.close()
+
+
+def test_i12_an_in_memory_store_keeps_its_keys(tmp_path: Path) -> None:
+    """``:memory:`` is private to its connection: one writer, so the filter is exact."""
+    store = SqliteStore(":memory:")
+    try:
+        store.stage_ledger(_row("c3", "done"))
+        store.commit()
+        assert _lookup(store, "c4") == (None, 0)
+        assert _lookup(store, "c3") == (_row("c3", "done"), 1)
+    finally:
+        store.close()
+
+
+def test_i12_the_filter_grows_with_no_false_negatives() -> None:
+    """Past the first filter's size new ones take the keys, each sized for twice the
+    keys kept: every key added is still found, and the keys never added are mostly
+    answered absent."""
+    keys = LedgerKeys(iter([("", "alice", "at-open")]), 1, 1.0, first=4)
+    added = [("t", f"u{i % 7}", f"call-{i}") for i in range(1000)]
+    for key in added:
+        keys.add(key, 2.0)
+    # Sized 4 (the key at open and 3 more), then twice the keys so far: 8, 24, 72, 216,
+    # 648, 1,944 (4 + ... + 648 = 972 < 1,001 keys).
+    assert keys.filters == 7
+    assert ("", "alice", "at-open") in keys
+    assert all(key in keys for key in added)
+    others = [("t", "u0", f"other-{i}") for i in range(10_000)]
+    false_positives = sum(key in keys for key in others)
+    assert false_positives < 1000  # each filter about 1 %, seven of them
+
+
+def test_i12_a_purge_drops_the_filters_of_rows_it_deleted() -> None:
+    """Memory follows the rows the ledger keeps: once the file has no row created
+    before a time, the filters whose every key is older go; the newest stays, and a key
+    used again since is still found."""
+    keys = LedgerKeys(iter([("", "alice", "old")]), 1, 10.0, first=2)
+    keys.add(("", "alice", "old-2"), 11.0)  # fills the first filter (2 keys, latest 11)
+    keys.add(("", "alice", "mid"), 20.0)  # a second filter, for 4 keys
+    keys.add(("", "alice", "old"), 21.0)  # "old" used again: its new row is kept
+    keys.add(("", "alice", "mid-2"), 22.0)
+    keys.add(("", "alice", "mid-3"), 23.0)  # the second is full (latest 23)
+    keys.add(("", "alice", "new"), 30.0)  # a third filter, the newest
+    assert keys.filters == 3
+    keys.expire(15.0)
+    assert keys.filters == 2
+    assert ("", "alice", "old") in keys
+    assert ("", "alice", "mid") in keys
+    assert ("", "alice", "new") in keys
+    keys.expire(100.0)  # the newest is never dropped: it takes the next keys
+    assert keys.filters == 1
+    assert ("", "alice", "new") in keys
+    assert sum(key in keys for key in [("", "alice", "mid"), ("", "alice", "old")]) < 2
+
+
+def test_i12_lookups_after_a_committed_purge_answer_as_the_file_does(tmp_path: Path) -> None:
+    """On the store: after a purge commits (it expires the filters it emptied), a
+    deleted row's key is answered "no record" and a kept row is found."""
+    store = SqliteStore(tmp_path / "toolbus.db")
+    try:
+        store.stage_ledger(_row("old", "done", created_at=1.0))
+        store.stage_ledger(_row("kept", "done", created_at=5.0))
+        store.commit()
+        store.purge_ledger(before=2.0)
+        assert store.ledger("", "alice", "old") is None
+        assert store.ledger("", "alice", "kept") == _row("kept", "done", created_at=5.0)
+    finally:
+        store.close()
