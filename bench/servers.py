@@ -145,7 +145,7 @@ def toolbus_config(data: Path) -> dict[str, Any]:
             "max_pending_approvals": 100_000,
         },
         calls={"pre_hooks": ["bench.noop:pre_hook"], "post_hooks": ["bench.noop:post_hook"]},
-        jobs={"max_concurrent": 100_000, "max_per_session": 100_000},
+        jobs={"max_concurrent": 100_000, "max_per_session": 100_000, "max_per_user": 100_000},
     )
 
 

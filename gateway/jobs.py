@@ -252,6 +252,9 @@ class JobRunner:
         finally:
             self.active.pop(job.row.job_id, None)
             self._progress.forget(job.row.job_id)
+            # Its row and event are staged: when many jobs end in one loop turn, the
+            # first ones' events leave without waiting for every other job's end (P5).
+            job.session.outbox.flush_burst()
 
     async def _execute(
         self, job: ActiveJob, tool: ToolDef, params: dict[str, Any], ctx: ToolContext
@@ -259,10 +262,12 @@ class JobRunner:
         """Run the handler; the job turns ``running`` only once the handler really starts,
         after the wait for a worker thread (SPEC J6), and its timeout counts from then.
 
-        The ``running`` row of a tool that is not idempotent is committed before its
-        handler starts (SPEC J5, J6): a crash right after must find it started, so the
-        restart reports it ``interrupted`` instead of running it a second time. A store
-        that cannot commit fails the job ``unavailable`` before the handler runs.
+        The ``running`` row of a tool that is not idempotent is durable before its
+        handler starts (SPEC J5, J6; on SQLite journaled, elsewhere committed:
+        :meth:`Outbox.commit <gateway.outbox.Outbox.commit>`): a crash right after must
+        find it started, so the restart reports it ``interrupted`` instead of running it
+        a second time. A store that cannot make it durable fails the job
+        ``unavailable`` before the handler runs.
         """
         func = tool.func
         assert func is not None

@@ -51,12 +51,17 @@ class SqliteBatch:
         """Whether anything is staged."""
         return anything_staged(self)
 
-    def write(self, db: sqlite3.Connection) -> None:
+    def write(self, db: sqlite3.Connection) -> int:
         """Execute every staged write on ``db``, inside the caller's transaction.
+
+        Returns:
+            The call-ledger rows the ledger purge (``ledger_before``) deleted; 0 without
+            one.
 
         Raises:
             sqlite3.Error: a statement failed; the caller rolls back (SPEC D6).
         """
+        deleted = 0
         if self.sessions:
             db.executemany(
                 "INSERT OR REPLACE INTO sessions VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
@@ -87,11 +92,13 @@ class SqliteBatch:
                 [ledger_values(row) for row in self.ledger.values()],
             )
         if self.ledger_before is not None:
-            db.execute("DELETE FROM call_ledger WHERE created_at<?", (self.ledger_before,))
+            purge = "DELETE FROM call_ledger WHERE created_at<?"
+            deleted = db.execute(purge, (self.ledger_before,)).rowcount
         if self.journal_mark is not None:
             db.execute("INSERT OR REPLACE INTO journal_mark VALUES (1, ?)", (self.journal_mark,))
         if self.deletes or self.purge_before is not None:
             self._write_deletes(db)
+        return deleted
 
     def _write_deletes(self, db: sqlite3.Connection) -> None:
         """Sessions ended and jobs past retention, last in the batch (SPEC D2)."""

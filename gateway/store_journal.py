@@ -3,14 +3,14 @@ made durable with one ``write(2)``, not a commit (SPEC I15, D1, D6; issue 13).
 
 **Batch entries (SPEC D1).** A flush of the outbox
 (:meth:`SqliteStore.journal <gateway.store.SqliteStore.journal>`) appends the writes
-staged since the last flush or commit (events, call rows, ledger rows, session
-counters: :data:`_WRITES`) as one numbered line, ``{"gen": N, "writes": [...]}``, and
+staged since the last flush or commit (events, call rows, ledger rows, job rows,
+session counters: :data:`_WRITES`) as one numbered line, ``{"gen": N, "writes": [...]}``, and
 sends its frames; the
 commit of the file it owes runs later for every flush of that time
 (:class:`~gateway.outbox.Outbox`, ``store.settle_after``), first thing in any read of
 the file (:mod:`gateway.store_reads`), past :data:`JOURNAL_BYTES` and at a clean close,
 and it empties the journal. A batch holding rows no entry carries (a session row, a
-job row, a deletion, a purge) is committed instead, and so is every flush while the
+deletion, a purge) is committed instead, and so is every flush while the
 last commit failed (D6). Entries are numbered; the commit that writes their rows
 records the last number in the file (table ``journal_mark``) in the same transaction.
 At open, the entries numbered past the mark (a crash before their commit) are written
@@ -100,9 +100,12 @@ logger = logging.getLogger("gateway.store")
 SUFFIX = "-intent"
 """The journal of ``toolbus.db`` is ``toolbus.db-intent``, beside its ``-wal`` file."""
 
-JOURNAL_BYTES = 256 * 1024
-"""The journal is emptied by the first commit past this size (about 1,700 calls), by
-every ledger purge and at a clean close."""
+JOURNAL_BYTES = 1024 * 1024
+"""The journal is emptied by the first commit past this size (about 1,100 sequential
+calls at about 950 bytes each, or 2,000 job ends), by every ledger purge and at a clean
+close. Below it, journaled flushes are committed on the ``store.settle_after`` timer: a
+burst of a thousand job ends (about 500 KB) is sent without a commit of its rows in the
+middle of it (P5 measured 256 KiB: a 7 ms commit inside the burst, issue 13)."""
 
 Key = tuple[str, str, str]
 """A ledger row's key: ``(tenant, user, call_id)``."""
@@ -294,17 +297,31 @@ class IntentJournal:
 
 
 def open_journal(database: str) -> IntentJournal | None:
-    """The journal beside ``database``, or ``None`` when it cannot be used (an in-memory
-    store; it does not exist and cannot be created; not a regular file): the store then
-    commits every flush and every call's rows before its handler.
+    """The journal beside the file ``database`` names (a symbolic link resolved, as
+    SQLite does for its WAL), or ``None`` when it cannot be used (an in-memory store; it
+    does not exist and cannot be created; not a regular file): the store then commits
+    every flush and every call's rows before its handler.
 
     Raises:
-        StoreError: another store holds the journal's lock (one store per file), or the
-            journal exists and cannot be opened (it may hold what the file lacks).
+        StoreError: another store holds the journal's lock (one store per file, whatever
+            path it was opened by), the journal exists and cannot be opened (it may hold
+            what the file lacks), or ``database`` is a link with a journal beside it.
     """
     if database == ":memory:":
         return None
-    path = Path(database + SUFFIX)
+    # Named after the file itself, as SQLite names its WAL: two paths to one database
+    # (a symbolic link) share one journal and its lock, so a second store is refused.
+    real = os.path.realpath(database)
+    path = Path(real + SUFFIX)
+    here = os.path.join(os.path.realpath(os.path.dirname(os.path.abspath(database))), "")
+    beside_link = Path(here + os.path.basename(database) + SUFFIX)
+    if beside_link != path and os.path.lexists(beside_link):
+        # A journal beside the link (where an earlier release kept it) may hold sent
+        # events the file lacks: fail closed rather than open without it (SPEC D6).
+        raise StoreError(
+            f"{beside_link}: a journal beside the link {database}; the store keeps its "
+            f"journal beside the file the link names ({path}): move it there"
+        )
     try:
         journal = IntentJournal(path)
     except BlockingIOError:
@@ -352,13 +369,21 @@ def open_replayed(database: str, db: sqlite3.Connection, since: float | None = N
     return Intents(journal, generation)
 
 
-_WRITES = {"e": 3, "q": 4, "c": 4, "f": 2, "l": 8}
+_WRITES = {"e": 3, "q": 4, "c": 4, "f": 2, "l": 8, "j": 17}
 """A batch entry's writes by kind, with their number of values:
 ``["e", session_id, seq, body]`` an event; ``["q", session_id, last_seq, acked_seq,
 floor_seq]`` a session's counters; ``["c", session_id, call_id, state, body]`` a call
 row; ``["f", session_id, call_id]`` a forgotten call row; ``["l", tenant, user,
-call_id, tool, params_hash, state, outcome, created_at]`` a ledger row. Bodies are text
-(the bytes are UTF-8 JSON from :mod:`protocol.codec`)."""
+call_id, tool, params_hash, state, outcome, created_at]`` a ledger row; ``["j", ...]``
+a job row, the 17 ``jobs`` columns in their order (:func:`gateway.store_rows.job_values`).
+Bodies and JSON columns are text (the bytes are UTF-8 JSON from :mod:`protocol.codec`)."""
+
+_JOB_JSON = (8, 9, 14, 15, 16)
+"""The ``jobs`` columns (0-based) that hold JSON bytes: params, context, artifacts,
+result, error."""
+
+_JOB_RANK = "CASE {} WHEN 'queued' THEN 0 WHEN 'running' THEN 1 ELSE 2 END"
+"""A job state's place in its one-way order: queued, running, ended (SPEC J1)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -411,7 +436,8 @@ def _apply(db: sqlite3.Connection, writes: list[Any]) -> None:
     that an entry the file already has (a crash after its commit, before the truncate)
     changes nothing: no event of a session the file lacks or at or below its floor, no
     ledger row over a newer one, no ``running`` row over an ended one of the same call,
-    counters only forward."""
+    counters only forward, no job row back to an earlier state (queued, running,
+    ended)."""
     for kind, *v in writes:
         if kind == "e":
             db.execute(
@@ -436,6 +462,14 @@ def _apply(db: sqlite3.Connection, writes: list[Any]) -> None:
             )
         elif kind == "f":
             db.execute("DELETE FROM calls WHERE session_id=? AND call_id=?", (v[0], v[1]))
+        elif kind == "j":
+            values = [_bytes(x) if i in _JOB_JSON else x for i, x in enumerate(v)]
+            db.execute(
+                f"INSERT OR REPLACE INTO jobs SELECT {','.join('?' * 17)} WHERE NOT EXISTS "
+                f"(SELECT 1 FROM jobs WHERE job_id=? AND {_JOB_RANK.format('state')} > "
+                f"{_JOB_RANK.format('?')})",
+                (*values, v[0], v[2]),
+            )
         else:
             key, state, outcome, created_at = v[:3], v[5], v[6], v[7]
             db.execute(
@@ -579,6 +613,11 @@ class Intents:
         if self.journal is not None:
             self._writes.append(("f", session_id, call_id))
 
+    def staged_job(self, values: tuple[Any, ...]) -> None:
+        """A job row was staged (its ``jobs`` column values, JSON columns as bytes)."""
+        if self.journal is not None:
+            self._writes.append(("j", *(_text(v) if isinstance(v, bytes) else v for v in values)))
+
     def staged_ledger(self, key: Key, row: LedgerRow) -> None:
         """A ledger row of ``key`` was staged: it replaces the held one."""
         self._ledger.pop(key, None)
@@ -591,7 +630,7 @@ class Intents:
         D1, D6): ``True`` when everything staged in ``batch`` is durable now, the file's
         commit owed (:attr:`owed`). ``False`` without a usable journal, past
         :data:`JOURNAL_BYTES`, when ``batch`` holds rows a batch entry does not carry
-        (sessions, jobs, deletions, purges), or when the append failed (then the next
+        (sessions, deletions, purges), or when the append failed (then the next
         commit is an emptying one: a short write may have left the entry whole): the
         caller commits."""
         journal = self.journal
@@ -600,7 +639,6 @@ class Intents:
             or not journal.usable
             or journal.size >= JOURNAL_BYTES
             or batch.sessions
-            or batch.jobs
             or batch.deletes
             or batch.ledger_before is not None
             or batch.purge_before is not None

@@ -53,13 +53,14 @@ class LedgerKeys:
         first: the smallest filter, in keys.
         rate: the false-positive rate each filter is sized for (0 < rate < 1).
 
-    When the newest filter has taken as many keys as it was sized for, a new one takes
-    the next keys, sized for twice the keys the filters still kept hold (at least
-    ``first``); a lookup asks each. A purge of the rows created before a time drops the
+    When the newest filter has taken as many new keys as it was sized for, a new one
+    takes the next keys, sized for twice the rows the file may hold now (at least
+    ``first``): the rows at open, plus the new keys since, minus the rows purges deleted.
+    A lookup asks each filter. A purge of the rows created before a time drops the
     filters whose every key is older (:meth:`expire`), so memory follows the rows the
     ledger keeps (``calls.call_id_window``), not every call since the start: about 1.2
     bytes per key at a rate of 1 % (``rbloom``'s optimal sizing), 80 KB for the first
-    65,536.
+    65,536, and a few filters of up to twice the ledger's rows.
     """
 
     def __init__(
@@ -74,6 +75,8 @@ class LedgerKeys:
         self._first = first
         self._rate = rate
         self._filters: list[_Filter] = []
+        self._rows = count
+        """The rows the file may hold: at open, plus new keys, minus purged rows."""
         newest = self._start(max(first, 2 * count))
         newest.bloom.update(keys)
         newest.keys, newest.latest = count, latest
@@ -83,27 +86,35 @@ class LedgerKeys:
         self._filters.append(self._newest)
         return self._newest
 
-    def add(self, key: Key, created_at: float) -> None:
+    def add(self, key: Key, created_at: float, new: bool = True) -> None:
         """The file may hold a row of ``key`` created at ``created_at`` from now on (it
-        was staged)."""
+        was staged). ``new``: the row starts a call (``running``), so it counts as a row
+        more; a later row of the same call (its end) replaces that one."""
         newest = self._newest
-        if newest.keys >= newest.size:
-            kept = sum(f.keys for f in self._filters)
-            newest = self._start(max(self._first, 2 * kept))
+        if new:
+            if newest.keys >= newest.size:
+                newest = self._start(max(self._first, 2 * self._rows))
+            newest.keys += 1
+            self._rows += 1
         newest.bloom.add(key)
-        newest.keys += 1
         if created_at > newest.latest:
             newest.latest = created_at
 
-    def expire(self, before: float) -> None:
-        """The file has no row created before ``before`` (a purge committed): drop the
-        filters, but the newest, whose every key's rows are older (a key used again
-        since is in a newer filter too)."""
+    def expire(self, before: float, deleted: int) -> None:
+        """The file has no row created before ``before`` (a purge committed, deleting
+        ``deleted`` rows): drop the filters, but the newest, whose every key's rows are
+        older (a key used again since is in a newer filter too)."""
+        self._rows = max(0, self._rows - deleted)
         self._filters = [f for f in self._filters if f is self._newest or f.latest >= before]
 
     def __contains__(self, key: Key) -> bool:
         """``False``: no row of the file has ``key``. ``True``: one may have."""
         return any(key in f.bloom for f in self._filters)
+
+    @property
+    def capacity(self) -> int:
+        """The keys the filters are sized for, together (memory: about 1.2 bytes each)."""
+        return sum(f.size for f in self._filters)
 
     @property
     def filters(self) -> int:

@@ -108,6 +108,12 @@ tools:
     capability: t.ledger
     mode: async
     handler: tests.gateway.ledger_tools:good_job
+  - name: burst_job
+    description: An async tool that, once the test releases it, notes how many frames
+      the gateway's outbox holds for its next flush, and ends.
+    capability: t.ledger
+    mode: async
+    handler: tests.gateway.ledger_tools:burst_job
 """
 
 PROFILES_YAML = """
@@ -151,6 +157,10 @@ class Gate:
         self.release = threading.Event()
         self.finished = threading.Event()
         self.jobs = asyncio.Event()
+        self.outbox: Any = None
+        """The gateway's outbox, for :func:`burst_job` (the test sets it)."""
+        self.queued: list[int] = []
+        """What each :func:`burst_job` saw queued when it woke, in wake order."""
 
 
 GATE = Gate()
@@ -227,6 +237,12 @@ async def wide_job(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
 async def good_job(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     await GATE.jobs.wait()
     return {"summary": "fine", "n": 7}
+
+
+async def burst_job(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+    await GATE.jobs.wait()
+    GATE.queued.append(GATE.outbox.queued)
+    return {"summary": "done"}
 
 
 def ledger_settings(tmp: Path, **sections: Any) -> Any:

@@ -19,15 +19,16 @@ import sqlite3
 import sys
 from asyncio.subprocess import PIPE
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
 from websockets.asyncio.client import connect
 
 from gateway.server import Gateway
-from gateway.store import SessionRow, SqliteStore, StoreError, StoreUnavailable
+from gateway.store import JobRow, SessionRow, SqliteStore, StoreError, StoreUnavailable
 from gateway.store_journal import SUFFIX, encode_batch
-from gateway.store_rows import LedgerRow
+from gateway.store_rows import LedgerRow, job_values
 from tests.gateway import ledger_tools as lt
 from tests.gateway.store_faults import LOCKER, checked_peer, resumes_agree, stored_in, until
 from tests.gateway.test_call_ledger import SUB
@@ -99,8 +100,8 @@ def test_d1_a_flush_is_journaled_and_a_read_pays_the_owed_commit(tmp_path: Path)
 def test_d1_the_journal_refuses_rows_no_entry_carries_and_a_failed_commit(
     tmp_path: Path,
 ) -> None:
-    """SPEC D1, D6: a batch holding a session row, a job row or a deletion is committed,
-    not journaled; while the last commit failed (another connection's write lock) no
+    """SPEC D1, D6: a batch holding a session row or a deletion is committed, not
+    journaled; while the last commit failed (another connection's write lock) no
     flush is journaled either, and the commit that succeeds afterwards writes all."""
     db = tmp_path / "toolbus.db"
     store = SqliteStore(db)
@@ -216,6 +217,86 @@ def test_d1_a_batch_entry_the_file_already_has_changes_nothing(tmp_path: Path) -
         assert store.call("s1", "c2") == ("done", b"out")
     finally:
         store.close()
+
+
+KILLED_AFTER_A_JOB_STARTED = """
+import os, signal, sys
+from gateway.store import JobRow, SqliteStore
+store = SqliteStore(sys.argv[1])
+params = {"text": "caf\u00e9", "n": [1, 2.5, None]}
+row = JobRow("j1", "t", "running", "s1", "alice", None, "demo", "c1", params, {"k": "v"},
+             1.0, 2.0, None, None, [], None, None)
+store.stage_job(row)
+assert store.journal()
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+async def test_j5_a_job_started_on_the_journal_is_running_after_a_sigkill(
+    tmp_path: Path,
+) -> None:
+    """SPEC J5, J6, D1: a job's `running` row is journaled, not committed, before its
+    handler starts; the process is SIGKILLed. The next open writes the row, JSON columns
+    and all, so recovery finds the job started (and reports it interrupted, never runs
+    it again)."""
+    db = tmp_path / "toolbus.db"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", KILLED_AFTER_A_JOB_STARTED, str(db)
+    )
+    assert await proc.wait() == -9
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT count(*) FROM jobs").fetchone() == (0,)
+    conn.close()
+    store = SqliteStore(db)
+    try:
+        params = {"text": "caf\u00e9", "n": [1, 2.5, None]}
+        assert store.job("j1") == JobRow(
+            "j1", "t", "running", "s1", "alice", None, "demo", "c1", params, {"k": "v"},
+            1.0, 2.0, None, None, [], None, None,
+        )  # fmt: skip
+        assert [job.job_id for job in store.unfinished_jobs()] == ["j1"]
+        assert journaled_writes(db) == []
+    finally:
+        store.close()
+
+
+def test_j5_a_stale_job_row_in_the_journal_never_turns_a_job_back(tmp_path: Path) -> None:
+    """A job row written again at open (an entry the file has gone past) never moves
+    the job back in its one-way order: no `running` or `queued` row over an ended one,
+    no `queued` over `running`; a row further on is written."""
+    db = tmp_path / "toolbus.db"
+
+    def job(job_id: str, state: str, result: dict[str, int] | None = None) -> JobRow:
+        finished = None if state in ("queued", "running") else 3.0
+        return JobRow(
+            job_id, "t", state, "s1", "alice", None, "demo", None, {}, {},
+            1.0, 2.0, finished, None, [], result, None,
+        )  # fmt: skip
+
+    store = SqliteStore(db)
+    store.stage_job(job("ended", "done", {"n": 1}))
+    store.stage_job(job("started", "running"))
+    store.stage_job(job("behind", "queued"))
+    store.commit()
+    store.close()
+    stale = [
+        ("j", *job_values_text(job("ended", "running"))),
+        ("j", *job_values_text(job("started", "queued"))),
+        ("j", *job_values_text(job("behind", "running"))),
+    ]
+    Path(str(db) + SUFFIX).write_bytes(encode_batch(1, stale))
+    store = SqliteStore(db)
+    try:
+        assert store.job("ended") == job("ended", "done", {"n": 1})
+        assert store.job("started") == job("started", "running")
+        assert store.job("behind") == job("behind", "running")
+    finally:
+        store.close()
+
+
+def job_values_text(row: JobRow) -> list[Any]:
+    """A job row's values as a batch entry carries them (JSON columns as text)."""
+    return [v.decode() if isinstance(v, bytes) else v for v in job_values(row)]
 
 
 RESULT = b'{"type":"result","seq":2,"call_id":"c1"}'

@@ -17,8 +17,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from gateway.store import SqliteStore
-from gateway.store_journal import SUFFIX
+import pytest
+
+from gateway.store import SqliteStore, StoreError
+from gateway.store_journal import SUFFIX, encode_batch
 from gateway.store_keys import LedgerKeys
 from gateway.store_rows import LedgerRow
 
@@ -160,12 +162,12 @@ def test_i12_a_purge_drops_the_filters_of_rows_it_deleted() -> None:
     keys.add(("", "alice", "mid-3"), 23.0)  # the second is full (latest 23)
     keys.add(("", "alice", "new"), 30.0)  # a third filter, the newest
     assert keys.filters == 3
-    keys.expire(15.0)
+    keys.expire(15.0, deleted=2)
     assert keys.filters == 2
     assert ("", "alice", "old") in keys
     assert ("", "alice", "mid") in keys
     assert ("", "alice", "new") in keys
-    keys.expire(100.0)  # the newest is never dropped: it takes the next keys
+    keys.expire(100.0, deleted=5)  # the newest is never dropped: it takes the next keys
     assert keys.filters == 1
     assert ("", "alice", "new") in keys
     assert sum(key in keys for key in [("", "alice", "mid"), ("", "alice", "old")]) < 2
@@ -184,3 +186,74 @@ def test_i12_lookups_after_a_committed_purge_answer_as_the_file_does(tmp_path: P
         assert store.ledger("", "alice", "kept") == _row("kept", "done", created_at=5.0)
     finally:
         store.close()
+
+
+def test_i12_memory_follows_the_ledgers_rows_not_every_call() -> None:
+    """A long-running server: 60,000 calls, each starting (`running`) and ending (a
+    second row of the same key), with purges keeping the last 1,000 rows. New filters
+    are sized from the rows the file may hold, so the capacity stays a few times the
+    window's rows, not the calls since the start."""
+    keys = LedgerKeys(iter([]), 0, 0.0, first=256)
+    for n in range(1, 60_001):
+        key = ("", "alice", f"c{n}")
+        keys.add(key, float(n))
+        keys.add(key, float(n), new=False)  # the call's end replaces its row
+        if n % 1000 == 0 and n > 1000:
+            keys.expire(float(n - 1000), deleted=1000)
+    assert keys.capacity <= 8 * 1000
+    assert keys.filters <= 4
+    assert ("", "alice", "c60000") in keys
+
+
+def test_i12_a_store_purging_its_ledger_keeps_a_bounded_filter(tmp_path: Path) -> None:
+    """The same on a real store: rows staged and committed, the ledger purged to its
+    last 1,000 rows each round (the purge's deleted rows counted from SQLite). A store
+    opened on the file afterwards answers the same."""
+    db = tmp_path / "toolbus.db"
+    store = SqliteStore(db)
+    try:
+        n = 0
+        for _ in range(100):
+            for _ in range(1000):
+                n += 1
+                store.stage_ledger(_row(f"c{n}", "running", float(n)))
+            store.commit()
+            store.purge_ledger(before=float(n - 1000))
+        keys = store._keys
+        assert keys is not None
+        # 100,000 calls, 1,000 rows kept: filters of the first size, never more than two
+        assert keys.capacity <= 2 * (1 << 16)
+        assert _lookup(store, f"c{n}") == (_row(f"c{n}", "running", float(n)), 1)
+        assert _lookup(store, "c1")[0] is None
+    finally:
+        store.close()
+
+
+def test_i12_two_paths_to_one_file_are_one_store(tmp_path: Path) -> None:
+    """A symbolic link to the database is the same file: its journal (and the lock that
+    makes a store the file's one writer) is named after the file the link names, so a
+    second store through the link is refused (it could not see what the first holds)."""
+    db = tmp_path / "toolbus.db"
+    first = SqliteStore(db)
+    try:
+        os.symlink(db, tmp_path / "alias.db")
+        with pytest.raises(StoreError, match="in use by another store"):
+            SqliteStore(tmp_path / "alias.db")
+    finally:
+        first.close()
+    through_link = SqliteStore(tmp_path / "alias.db")  # alone, it opens
+    through_link.close()
+    assert (tmp_path / ("toolbus.db" + SUFFIX)).exists()
+    assert not os.path.lexists(tmp_path / ("alias.db" + SUFFIX))
+
+
+def test_i12_a_journal_beside_a_link_stops_the_store(tmp_path: Path) -> None:
+    """An earlier release kept the journal beside the path it was given, a link too:
+    such a journal may hold sent events the file lacks, so the store does not open
+    without it (SPEC D6) and names where it must go."""
+    db = tmp_path / "toolbus.db"
+    SqliteStore(db).close()
+    os.symlink(db, tmp_path / "alias.db")
+    (tmp_path / ("alias.db" + SUFFIX)).write_bytes(encode_batch(1, [("f", "s1", "c1")]))
+    with pytest.raises(StoreError, match="a journal beside the link"):
+        SqliteStore(tmp_path / "alias.db")
