@@ -18,12 +18,13 @@ class ToolFailure(Exception):
 
     Args:
         code: the wire code, e.g. ``ErrorCode.UNAVAILABLE`` or ``ErrorCode.HANDLER_ERROR``.
-        message: the text for the client and the model; never a secret.
+        message: the text for the client and the model; never a secret. A lone
+            surrogate in it is sent escaped (:func:`sendable`).
     """
 
     def __init__(self, code: ErrorCode, message: str) -> None:
         super().__init__(message)
-        self.code, self.message = code, message
+        self.code, self.message = code, sendable(message)
 
     @property
     def outcome(self) -> CallOutcome:
@@ -36,9 +37,21 @@ class ToolFailure(Exception):
 
 def describe(exc: BaseException) -> str:
     """``"<ExceptionType>: <message>"`` for a handler's exception; never raises (SPEC
-    I16): an exception whose ``__str__`` raises is named by its type alone."""
+    I16): an exception whose ``__str__`` raises is named by its type alone, and the text
+    is :func:`sendable`."""
     try:
         text = str(exc)
     except Exception:
         text = "(its message could not be read)"
-    return f"{type(exc).__name__}: {text}"
+    return sendable(f"{type(exc).__name__}: {text}")
+
+
+def sendable(text: str) -> str:
+    """``text`` with each lone surrogate (a file name decoded with ``surrogateescape``,
+    say) written as its ``\\udcXX`` escape: JSON cannot carry one, and an error message
+    must still reach the client (SPEC I16). Other text is returned as it is."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode()
+    return text

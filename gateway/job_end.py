@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from gateway.failures import sendable
 from gateway.framesize import ENVELOPE, clip_text, too_deep
 from gateway.metrics import Metrics
 from gateway.session import Session
@@ -149,6 +150,9 @@ class JobEnd:
         )
 
     def failed(self, job: ActiveJob, error: dict[str, Any]) -> None:
+        # SPEC I16: a message JSON cannot carry (a lone surrogate) must not leave the job
+        # running for ever; it is sent with the surrogate escaped.
+        error = {**error, "message": sendable(str(error["message"]))}
         if self._max_frame is not None:
             # SPEC E2: the text appears twice (summary and error.message); each gets
             # half of what the frame leaves besides the ids.

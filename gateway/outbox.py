@@ -388,11 +388,11 @@ class Outbox:
         return True
 
     def flush_burst(self) -> bool:
-        """Flush now if :attr:`BURST` frames or more are queued (``False`` otherwise, or
-        as :meth:`flush`): jobs woken in one loop turn (P5) then leave in slices, not
-        after the turn. Call it only where the caller's rows and event are all staged:
-        there a flush is as safe as the tick's."""
-        return self.queued >= self.BURST and self.flush()
+        """Flush now if :attr:`BURST` frames or more are queued and a flush is a journal
+        append (``False`` otherwise, or as :meth:`flush`): jobs woken in one loop turn
+        (P5) then leave in slices. Call it only where the caller's rows and event are
+        all staged: there a flush is as safe as the tick's."""
+        return self.queued >= self.BURST and self._store.journals and self.flush()
 
     def commit(self) -> bool:
         """Make what is staged durable now (journal or commit), without delivering: queued

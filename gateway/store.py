@@ -132,6 +132,12 @@ class Store(Protocol):
     def owed(self) -> bool:
         """Whether journaled writes wait for a :meth:`commit` (:meth:`journal`)."""
 
+    @property
+    def journals(self) -> bool:
+        """Whether a flush is an append to a journal (one ``write(2)``), not a commit:
+        the outbox then flushes a burst early (:meth:`Outbox.flush_burst
+        <gateway.outbox.Outbox.flush_burst>`)."""
+
     def load_session(self, session_id: str) -> SessionRow | None: ...
 
     def delete_session(self, session_id: str) -> None:
@@ -177,6 +183,7 @@ class CommitsOnly:
     flush commits (PostgreSQL: every node reads the database)."""
 
     owed = False
+    journals = False
 
     def journal(self) -> bool:
         return False
@@ -345,6 +352,10 @@ class SqliteStore(SqliteReads):
     @property
     def owed(self) -> bool:
         return self._intents.owed
+
+    @property
+    def journals(self) -> bool:
+        return self._intents.journal is not None
 
     def _settled(self) -> sqlite3.Connection:
         """The connection, once the file has every journaled write (a read of the file

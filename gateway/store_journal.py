@@ -225,10 +225,17 @@ class IntentJournal:
         except OSError as exc:
             self._failed(exc)
             return False
-        self._size += written
         if written != len(line):
+            # A full disk: cut the torn entry off again, so that no part of an entry
+            # the caller was told failed is ever read back (:meth:`read` also skips an
+            # entry without its closing newline, should this truncate fail too).
+            try:
+                os.ftruncate(self._fd, self._size)
+            except OSError:
+                self._size += written
             self._failed(OSError(f"short write, {written} of {len(line)} bytes"))
             return False
+        self._size += written
         self._failing = False
         return True
 
@@ -267,7 +274,12 @@ class IntentJournal:
         # a full disk) would read forever.
         data = os.pread(self._fd, os.fstat(self._fd).st_size, 0)
         found = []
-        for line in data.split(b"\n"):
+        lines = data.split(b"\n")
+        if lines.pop():
+            # No closing newline: an append that failed part way (a full disk), which
+            # its caller was told failed and made durable otherwise; never an entry.
+            logger.warning("%s: skipped an unfinished intent journal entry", self.path)
+        for line in lines:
             if not line:
                 continue
             entry: Intent | Batch | None
@@ -303,24 +315,23 @@ def open_journal(database: str) -> IntentJournal | None:
     every flush and every call's rows before its handler.
 
     Raises:
-        StoreError: another store holds the journal's lock (one store per file, whatever
-            path it was opened by), the journal exists and cannot be opened (it may hold
-            what the file lacks), or ``database`` is a link with a journal beside it.
+        StoreError: another store holds the journal's lock (one store per file, through
+            whatever symbolic link it was opened; a hard link is not seen, and SQLite
+            does not support one either), the journal exists and cannot be opened (it
+            may hold what the file lacks), or ``database`` is a link with a journal of
+            entries beside it.
     """
     if database == ":memory:":
         return None
     # Named after the file itself, as SQLite names its WAL: two paths to one database
     # (a symbolic link) share one journal and its lock, so a second store is refused.
-    real = os.path.realpath(database)
-    path = Path(real + SUFFIX)
-    here = os.path.join(os.path.realpath(os.path.dirname(os.path.abspath(database))), "")
-    beside_link = Path(here + os.path.basename(database) + SUFFIX)
-    if beside_link != path and os.path.lexists(beside_link):
-        # A journal beside the link (where an earlier release kept it) may hold sent
-        # events the file lacks: fail closed rather than open without it (SPEC D6).
+    path = Path(os.path.realpath(database) + SUFFIX)
+    if _left_beside_a_link(database + SUFFIX, path):
+        # Where an earlier release kept it: it may hold sent events the file lacks, so
+        # the store does not open without it (SPEC D6).
         raise StoreError(
-            f"{beside_link}: a journal beside the link {database}; the store keeps its "
-            f"journal beside the file the link names ({path}): move it there"
+            f"{database + SUFFIX}: a journal beside the link {database}; the store keeps "
+            f"its journal beside the file the link names ({path}): move it there"
         )
     try:
         journal = IntentJournal(path)
@@ -367,6 +378,19 @@ def open_replayed(database: str, db: sqlite3.Connection, since: float | None = N
             journal.close()
             raise
     return Intents(journal, generation)
+
+
+def _left_beside_a_link(given: str, path: Path) -> bool:
+    """Whether ``given`` (the database path as given, plus the suffix) is a journal with
+    entries other than ``path``: a regular file, not empty, that the kernel finds
+    elsewhere (each path resolved as the kernel does, links before ``..``)."""
+    if os.path.realpath(given) == os.path.realpath(path):
+        return False
+    try:
+        found = os.stat(given)
+    except OSError:
+        return False  # none there (or a dangling link): nothing is held
+    return stat.S_ISREG(found.st_mode) and found.st_size > 0
 
 
 _WRITES = {"e": 3, "q": 4, "c": 4, "f": 2, "l": 8, "j": 17}

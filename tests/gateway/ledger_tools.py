@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from gateway.context import ToolContext
+from gateway.failures import ToolFailure
+from protocol.errors import ErrorCode
 from tests.support import WAIT, settings_for
 
 TOOLS_YAML = """
@@ -108,6 +110,20 @@ tools:
     capability: t.ledger
     mode: async
     handler: tests.gateway.ledger_tools:good_job
+  - name: odd_text_job
+    description: A job whose handler raises with a lone surrogate in its message (a file
+      name decoded with surrogateescape).
+    capability: t.ledger
+    mode: async
+    handler: tests.gateway.ledger_tools:odd_text_job
+    parameters:
+      type: object
+      properties:
+        typed: {type: boolean}
+  - name: raise_odd_text
+    description: The same from a sync call's plain handler.
+    capability: t.ledger
+    handler: tests.gateway.ledger_tools:raise_odd_text
   - name: burst_job
     description: An async tool that, once the test releases it, notes how many frames
       the gateway's outbox holds for its next flush, and ends.
@@ -237,6 +253,20 @@ async def wide_job(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
 async def good_job(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     await GATE.jobs.wait()
     return {"summary": "fine", "n": 7}
+
+
+ODD_NAME = b"report-\xff.txt".decode("utf-8", "surrogateescape")
+"""``'report-\\udcff.txt'``: text JSON cannot carry."""
+
+
+async def odd_text_job(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+    if params.get("typed"):
+        raise ToolFailure(ErrorCode.UNAVAILABLE, f"cannot open {ODD_NAME}")
+    raise FileNotFoundError(f"cannot open {ODD_NAME}")
+
+
+def raise_odd_text(params: dict[str, Any], ctx: ToolContext) -> None:
+    raise FileNotFoundError(f"cannot open {ODD_NAME}")
 
 
 async def burst_job(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:

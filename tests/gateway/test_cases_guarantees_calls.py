@@ -68,6 +68,32 @@ async def test_i16_base_exception_in_a_job_ends_it_failed(tmp_path: Path) -> Non
         assert stored.state == "failed"
 
 
+async def test_i16_a_job_whose_error_text_json_cannot_carry_still_ends(tmp_path: Path) -> None:
+    """SPEC I16, J4, J5 (found in review): a job's handler raises with a lone surrogate
+    in its message (a file name decoded with `surrogateescape`). The job ends in one
+    `job.failed handler_error` with the surrogate escaped, its row says failed; it used
+    to stay `running` for ever (the message could not be encoded). A sync call's
+    `call.error` carries the same escaped text, and so does a job's typed failure
+    (`ToolFailure`, SPEC M2) with its own code."""
+    escaped = "FileNotFoundError: cannot open report-\\udcff.txt"
+    async with ledger_gateway(tmp_path) as gw, peer(gw) as p:
+        await p.invoke("j1", "odd_text_job")
+        job_id = (await p.terminal("j1"))["job_id"]
+        failed = await p.expect("job.failed", job_id=job_id)
+        assert failed["error"] == {"code": "handler_error", "message": escaped}
+        stored = gw.store.job(job_id)
+        assert stored is not None
+        assert (stored.state, stored.error) == ("failed", failed["error"])
+        await p.invoke("s1", "raise_odd_text")
+        err = await p.terminal("s1")
+        assert (err["code"], err["message"]) == (ErrorCode.HANDLER_ERROR, escaped)
+        await p.invoke("j2", "odd_text_job", {"typed": True})
+        job_id = (await p.terminal("j2"))["job_id"]
+        failed = await p.expect("job.failed", job_id=job_id)
+        text = "cannot open report-\\udcff.txt"
+        assert failed["error"] == {"code": ErrorCode.UNAVAILABLE, "message": text}
+
+
 async def test_case_f21_unsendable_results_end_once_and_others_are_delivered(
     tmp_path: Path,
 ) -> None:

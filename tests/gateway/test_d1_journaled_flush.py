@@ -294,6 +294,91 @@ def test_j5_a_stale_job_row_in_the_journal_never_turns_a_job_back(tmp_path: Path
         store.close()
 
 
+JOB_START_REFUSED_BY_A_FULL_DISK = """
+import asyncio, os, resource, signal, sys
+from dataclasses import replace
+from gateway.outbox import Outbox
+from gateway.store import JobRow, SessionRow, SqliteStore
+from gateway.store_journal import SUFFIX, encode_batch
+from gateway.store_rows import job_values
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+db = sys.argv[1]
+
+async def main():
+    store = SqliteStore(db, checkpoint_interval=3600)
+    outbox = Outbox(store, settle_after=3600)
+    store.stage_session(SessionRow("s1", "h", "alice", None, "demo", {}, {}, [], 0, 0, 0,
+                                   1.0, None, None))
+    queued = JobRow("j1", "once_only", "queued", "s1", "alice", None, "demo", "c1", {"n": 1},
+                    {}, 1.0, None, None, None, [], None, None)
+    store.stage_job(queued)
+    assert outbox.commit()          # a session row: committed; the job is queued in the file
+    # JobRunner._execute's started(): the job turns running, made durable first.
+    running = replace(queued, state="running", started_at=2.0)
+    text = [v.decode() if isinstance(v, bytes) else v for v in job_values(running)]
+    entry = encode_batch(1, [("j", *text)])
+    store.stage_job(running)
+    # The disk fills: the append stops one byte short of the entry (its newline).
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    size = os.path.getsize(db + SUFFIX)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (size + len(entry) - 1, hard))
+    durable = outbox.commit()
+    assert durable is False, "started() must refuse: the tool does not run"
+    # ToolFailure(UNAVAILABLE): the job ends failed, staged; the disk is still full.
+    store.stage_job(replace(running, state="failed", finished_at=3.0,
+                            error={"code": "unavailable", "message": "store"}))
+    assert outbox.commit() is False
+    print("refused", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+asyncio.run(main())
+"""
+
+
+async def test_j6_a_job_whose_start_the_journal_refused_is_not_started_after_a_restart(
+    tmp_path: Path,
+) -> None:
+    """SPEC J6, D6 (found in review): the disk fills while a job's `running` row is
+    appended before its handler: the append stops one byte short of the entry's
+    newline and reports failure, the commit the outbox then tries fails too, so the
+    handler never runs (the job ends `unavailable`, staged); SIGKILL. The entry left
+    part way is never read back (the append cut it off again, and an entry without its
+    newline is skipped besides): the next open finds the job `queued`, never started,
+    so it runs after the restart instead of being reported interrupted."""
+    db = tmp_path / "toolbus.db"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", JOB_START_REFUSED_BY_A_FULL_DISK, str(db), stdout=PIPE
+    )
+    out, _ = await proc.communicate()
+    assert (out, proc.returncode) == (b"refused\n", -9)
+    store = SqliteStore(db)
+    try:
+        row = store.job("j1")
+        assert row is not None
+        assert (row.state, row.started_at) == ("queued", None)
+    finally:
+        store.close()
+
+
+def test_i15_an_entry_without_its_newline_is_never_read_back(tmp_path: Path) -> None:
+    """An append that failed part way (its caller was told, and committed instead) may
+    leave a whole entry but its closing newline, if cutting it off failed too: it is
+    skipped at open, the whole entries before it are written."""
+    db = tmp_path / "toolbus.db"
+    store = SqliteStore(db)
+    store.stage_session(_session("s1"))
+    store.commit()
+    store.close()
+    whole = encode_batch(1, [("e", "s1", 1, '{"seq":1}')])
+    torn = encode_batch(2, [("e", "s1", 2, '{"seq":2}')])[:-1]
+    Path(str(db) + SUFFIX).write_bytes(whole + torn)
+    store = SqliteStore(db)
+    try:
+        assert store.events_after("s1", 0) == [(1, b'{"seq":1}')]
+    finally:
+        store.close()
+
+
 def job_values_text(row: JobRow) -> list[Any]:
     """A job row's values as a batch entry carries them (JSON columns as text)."""
     return [v.decode() if isinstance(v, bytes) else v for v in job_values(row)]

@@ -257,3 +257,51 @@ def test_i12_a_journal_beside_a_link_stops_the_store(tmp_path: Path) -> None:
     (tmp_path / ("alias.db" + SUFFIX)).write_bytes(encode_batch(1, [("f", "s1", "c1")]))
     with pytest.raises(StoreError, match="a journal beside the link"):
         SqliteStore(tmp_path / "alias.db")
+
+
+def test_d6_another_databases_journal_is_not_one_beside_a_link(tmp_path: Path) -> None:
+    """(Found in review.) `x/link/../toolbus.db` is `y/toolbus.db` when `link` names
+    `y/deep`: the kernel resolves the link before the `..`, and so does the store. It is
+    no link, and `x/toolbus.db-intent` belongs to another database open in its own
+    store: it does not stop this one."""
+    (tmp_path / "x").mkdir()
+    (tmp_path / "y" / "deep").mkdir(parents=True)
+    os.symlink(tmp_path / "y" / "deep", tmp_path / "x" / "link")
+    other = SqliteStore(tmp_path / "x" / "toolbus.db")
+    try:
+        other.stage_ledger(_row("c1"))
+        assert other.journal() is True  # its journal holds an entry
+        SqliteStore(str(tmp_path / "x" / "link" / ".." / "toolbus.db")).close()
+    finally:
+        other.close()
+    assert (tmp_path / "y" / "toolbus.db").exists()
+
+
+def test_d6_a_journal_beside_a_link_reached_through_dotdot_is_found(tmp_path: Path) -> None:
+    """(Found in review.) `x/sub/../alias.db` is `other/alias.db` when `sub` names
+    `other/d`, and that is a link to `real/db.sqlite`: the journal an earlier release
+    kept at `other/alias.db-intent` stops the store."""
+    for folder in ("real", "other/d", "x"):
+        (tmp_path / folder).mkdir(parents=True)
+    real = tmp_path / "real" / "db.sqlite"
+    SqliteStore(real).close()
+    os.symlink(real, tmp_path / "other" / "alias.db")
+    os.symlink(tmp_path / "other" / "d", tmp_path / "x" / "sub")
+    database = str(tmp_path / "x" / "sub" / ".." / "alias.db")
+    left = tmp_path / "other" / ("alias.db" + SUFFIX)
+    left.write_bytes(encode_batch(1, [("f", "s1", "c1")]))
+    with pytest.raises(StoreError, match="a journal beside the link"):
+        SqliteStore(database)
+
+
+def test_d6_a_device_or_an_empty_file_beside_a_link_holds_nothing(tmp_path: Path) -> None:
+    """(Found in review.) No release used a journal that is not a regular file, and an
+    empty one holds nothing: neither beside a link stops the store."""
+    db = tmp_path / "toolbus.db"
+    SqliteStore(db).close()
+    os.symlink(db, tmp_path / "alias.db")
+    os.symlink("/dev/null", tmp_path / ("alias.db" + SUFFIX))
+    SqliteStore(tmp_path / "alias.db").close()
+    os.unlink(tmp_path / ("alias.db" + SUFFIX))
+    (tmp_path / ("alias.db" + SUFFIX)).write_bytes(b"")
+    SqliteStore(tmp_path / "alias.db").close()
