@@ -287,7 +287,7 @@ class SqliteStore(SqliteReads):
         # One writer of the file (the journal's lock, or a private :memory: database):
         # a new call id is then answered from memory (issue 13, SPEC I12).
         self._keys: LedgerKeys | None = None
-        if self.path == ":memory:" or self._intents.journal is not None:
+        if self.path == ":memory:" or self.journals:
             try:
                 self._keys = _ledger_keys(self._db)
             except BaseException:

@@ -209,9 +209,9 @@ class IntentJournal:
     def append(self, intent: Intent) -> bool:
         """Append ``intent``; ``True`` once all of it is in the file (SPEC I15).
 
-        ``False`` (the disk is full, an I/O error, a short write): the caller must not
-        count on it and commits the rows instead. A failure is logged once, until an
-        append succeeds again.
+        ``False`` (the disk is full, an I/O error, a short write, which is cut off the
+        file again): the caller must not count on it and commits the rows instead. A
+        failure is logged once, until an append succeeds again.
         """
         return self.append_line(intent.encode())
 
@@ -600,7 +600,8 @@ class Intents:
 
     A held row and a staged row of the same key never coexist: :meth:`keep` moves the
     rows out of the batch, and staging a row of a held key drops the held one
-    (:meth:`drop_ledger`, :meth:`drop_call`), so the call's later rows win.
+    (:meth:`staged_ledger`, :meth:`staged_call`, :meth:`forgotten`), so the call's later
+    rows win.
     """
 
     def __init__(self, journal: IntentJournal | None, generation: int = 0) -> None:
@@ -655,8 +656,7 @@ class Intents:
         commit owed (:attr:`owed`). ``False`` without a usable journal, past
         :data:`JOURNAL_BYTES`, when ``batch`` holds rows a batch entry does not carry
         (sessions, deletions, purges), or when the append failed (then the next
-        commit is an emptying one: a short write may have left the entry whole): the
-        caller commits."""
+        commit is an emptying one): the caller commits."""
         journal = self.journal
         if (
             journal is None
@@ -675,8 +675,9 @@ class Intents:
                 return False
             self._generation += 1  # a failed append may leave a torn line of this number
             if not journal.append_line(line):
-                # A short write may have left the line whole but for its newline: the
-                # commit that follows must record this number and empty the journal.
+                # A short write whose truncate failed too may have left the line whole
+                # but for its newline: the commit that follows records this number and
+                # empties the journal.
                 self.owed = True
                 return False
             self._writes = []
