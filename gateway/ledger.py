@@ -173,10 +173,13 @@ class CallLedger:
         journaled at admission, or committed since). Otherwise (PostgreSQL, no journal
         or a failed append, a decided approval, a session that gets its ``tool_start``,
         commits failing) they ride the tick's group commit (:meth:`Outbox.durable
-        <gateway.outbox.Outbox.durable>`): a session that gets the call's ``tool_start``
-        commits at once when first in its tick (so ``tool_start`` leaves before the
-        handler runs); otherwise the call joins the group commit (one loop turn, no
-        extra write)."""
+        <gateway.outbox.Outbox.durable>`). A call whose approval was just decided, or
+        whose session gets its ``tool_start``, commits at once when first in its tick:
+        the handler runs in this turn, so its ``result`` leaves in the same write as
+        ``tool_start`` (or as ``confirm.result`` and ``tool.resolved``), one wake-up of
+        the client instead of two (issue 13, P7). A lone call commits as often as it
+        would at the flush; a turn with many pays at most one commit more.
+        Otherwise the call joins the group commit (one loop turn, no extra write)."""
         ungated = session.ungated_tool_start
         # A session that gets ungated tool_start must find it in its log after a crash
         # (SPEC A6: every started tool emits one): only the commit keeps it. The store
@@ -185,7 +188,7 @@ class CallLedger:
             principal_key(session, call_id)
         ):
             return True
-        return await session.outbox.durable(ungated)
+        return await session.outbox.durable(ungated or decided)
 
     def finish(self, session: Session, call_id: str, body: bytes) -> list[Session]:
         """Record the call's terminal event; returns the sessions to deliver it to

@@ -124,6 +124,12 @@ tools:
     description: The same from a sync call's plain handler.
     capability: t.ledger
     handler: tests.gateway.ledger_tools:raise_odd_text
+  - name: gated_peek
+    description: Behind the user's approval; an async def that notes how many frames
+      the gateway's outbox holds for its next flush when it starts, and returns.
+    capability: t.ledger
+    requires_approval: true
+    handler: tests.gateway.ledger_tools:gated_peek
   - name: burst_job
     description: An async tool that, once the test releases it, notes how many frames
       the gateway's outbox holds for its next flush, and ends.
@@ -176,7 +182,8 @@ class Gate:
         self.outbox: Any = None
         """The gateway's outbox, for :func:`burst_job` (the test sets it)."""
         self.queued: list[int] = []
-        """What each :func:`burst_job` saw queued when it woke, in wake order."""
+        """What each :func:`burst_job` saw queued when it woke, in wake order (and
+        :func:`gated_peek` when it started)."""
 
 
 GATE = Gate()
@@ -267,6 +274,11 @@ async def odd_text_job(params: dict[str, Any], ctx: ToolContext) -> dict[str, An
 
 def raise_odd_text(params: dict[str, Any], ctx: ToolContext) -> None:
     raise FileNotFoundError(f"cannot open {ODD_NAME}")
+
+
+async def gated_peek(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+    GATE.queued.append(GATE.outbox.queued)
+    return {"ok": True}
 
 
 async def burst_job(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
