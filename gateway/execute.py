@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from gateway.context import ToolContext
@@ -21,7 +21,7 @@ async def run_handler(
     limit: float | None = None,
     *,
     wait: float | None = None,
-    on_start: Callable[[], None] | None = None,
+    on_start: Callable[[], Awaitable[None] | None] | None = None,
 ) -> Any:
     """Call ``func(params, ctx)`` without ever blocking the event loop (SPEC S3, E3).
 
@@ -45,17 +45,19 @@ async def run_handler(
         wait: seconds a plain handler may wait for a slot; ``None`` for no limit.
         on_start: called on the loop right before the handler starts (a job turns
             ``running`` only then, SPEC J6); raising stops the handler from starting.
+            It may return an awaitable (the start's share of a group commit), awaited
+            before the handler starts; raising from it stops the start too.
 
     SPEC A7: ``ctx.recheck()`` runs right before the handler starts, after every wait
-    (on the loop, once a slot is held); the :class:`gateway.authority.Lapse` it raises
-    propagates and the handler never runs.
+    (on the loop, once a slot is held; again after ``on_start``'s awaitable); the
+    :class:`gateway.authority.Lapse` it raises propagates and the handler never runs.
     """
     loop = asyncio.get_running_loop()
     try:
         if _is_async(func):
             ctx.recheck()
             if on_start is not None:
-                on_start()
+                await _started(on_start, ctx)
             coro = func(params, ctx)
             with track(coro, ctx.tool, ctx.session_id, ctx.call_id):
                 async with asyncio.timeout(limit):
@@ -69,7 +71,7 @@ async def run_handler(
         try:
             ctx.recheck()
             if on_start is not None:
-                on_start()
+                await _started(on_start, ctx)
         except BaseException:
             lane.cancel(slot)
             raise
@@ -78,6 +80,15 @@ async def run_handler(
     except (asyncio.CancelledError, TimeoutError):
         ctx.cancelled.set()
         raise
+
+
+async def _started(on_start: Callable[[], Awaitable[None] | None], ctx: ToolContext) -> None:
+    """``on_start()``, and when it returned an awaitable, that awaited and the A7
+    re-check made again (the await was a wait)."""
+    pending = on_start()
+    if pending is not None:
+        await pending
+        ctx.recheck()
 
 
 @functools.lru_cache(maxsize=4096)

@@ -45,6 +45,9 @@ PostProcess = Callable[[dict[str, Any]], Awaitable[tuple[dict[str, Any], bool]]]
 Rerun = Callable[["JobRow"], "tuple[ToolDef, ToolContext, PostProcess] | None"]
 Clock = Callable[[], float]
 
+NOT_DURABLE = "the store cannot commit right now; the tool did not run"
+"""The ``unavailable`` failure of a job whose ``running`` row could not be made durable."""
+
 INTERRUPTED = {"code": "interrupted", "message": "the server restarted while this job ran"}
 """SPEC J5: a job that had started when the server stopped, and does not run again."""
 
@@ -263,24 +266,32 @@ class JobRunner:
         after the wait for a worker thread (SPEC J6), and its timeout counts from then.
 
         The ``running`` row of a tool that is not idempotent is durable before its
-        handler starts (SPEC J5, J6; on SQLite journaled, elsewhere committed:
-        :meth:`Outbox.commit <gateway.outbox.Outbox.commit>`): a crash right after must
-        find it started, so the restart reports it ``interrupted`` instead of running it
-        a second time. A store that cannot make it durable fails the job
-        ``unavailable`` before the handler runs.
+        handler starts (SPEC J5, J6): a crash right after must find it started, so the
+        restart reports it ``interrupted`` instead of running it a second time. On
+        SQLite that is a journal append now (:meth:`Outbox.commit
+        <gateway.outbox.Outbox.commit>`, one ``write(2)``); where a flush is a commit
+        (PostgreSQL), the jobs starting in one loop turn share the turn's commit
+        (:meth:`Outbox.durable <gateway.outbox.Outbox.durable>`), not one round trip
+        each on the loop (P5 on PostgreSQL, issue 13). A store that cannot make it
+        durable fails the job ``unavailable`` before the handler runs.
         """
         func = tool.func
         assert func is not None
         limit = tool.timeout if tool.timeout and not tool.long_running else None
+        outbox = job.session.outbox
 
-        def started() -> None:
+        def started() -> Awaitable[None] | None:
             job.in_thread = not inspect.iscoroutinefunction(func)
             self._end.save(
                 job, replace(job.row, state=m.JobState.RUNNING, started_at=self._clock())
             )
-            if not tool.idempotent and not job.session.outbox.commit():
-                text = "the store cannot commit right now; the tool did not run"
-                raise ToolFailure(ErrorCode.UNAVAILABLE, text)
+            if tool.idempotent:
+                return None
+            if not job.session.store.journals:
+                return _durable(outbox.durable(at_once=False))
+            if not outbox.commit():
+                raise ToolFailure(ErrorCode.UNAVAILABLE, NOT_DURABLE)
+            return None
 
         return await run_handler(func, params, ctx, self._pool, limit, on_start=started)
 
@@ -307,3 +318,10 @@ class JobRunner:
     async def shutdown(self, deadline: float | None = None, patient: bool = False) -> None:
         """Stop for a drain (SPEC S4, J5, J6, N6): :meth:`gateway.job_drain.JobDrain.run`."""
         await self._drain.run(deadline, patient)
+
+
+async def _durable(commit: asyncio.Future[bool]) -> None:
+    """Wait for the group commit ``commit`` (SPEC J5, J6); :class:`ToolFailure`
+    ``unavailable`` when it failed, so the handler does not start."""
+    if not await commit:
+        raise ToolFailure(ErrorCode.UNAVAILABLE, NOT_DURABLE)

@@ -130,6 +130,12 @@ tools:
     capability: t.ledger
     requires_approval: true
     handler: tests.gateway.ledger_tools:gated_peek
+  - name: held_job
+    description: An async tool that notes how many frames the gateway's outbox holds
+      when its handler starts, then waits for the test's release.
+    capability: t.ledger
+    mode: async
+    handler: tests.gateway.ledger_tools:held_job
   - name: burst_job
     description: An async tool that, once the test releases it, notes how many frames
       the gateway's outbox holds for its next flush, and ends.
@@ -183,7 +189,10 @@ class Gate:
         """The gateway's outbox, for :func:`burst_job` (the test sets it)."""
         self.queued: list[int] = []
         """What each :func:`burst_job` saw queued when it woke, in wake order (and
-        :func:`gated_peek` when it started)."""
+        :func:`gated_peek` and :func:`held_job` when they started)."""
+        self.expected = 0
+        self.all_started = asyncio.Event()
+        """Set once :attr:`expected` :func:`held_job` handlers have started."""
 
 
 GATE = Gate()
@@ -278,6 +287,14 @@ def raise_odd_text(params: dict[str, Any], ctx: ToolContext) -> None:
 
 async def gated_peek(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     GATE.queued.append(GATE.outbox.queued)
+    return {"ok": True}
+
+
+async def held_job(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+    GATE.queued.append(GATE.outbox.queued)
+    if len(GATE.queued) == GATE.expected:
+        GATE.all_started.set()
+    await GATE.jobs.wait()
     return {"ok": True}
 
 

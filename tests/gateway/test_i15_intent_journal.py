@@ -348,6 +348,32 @@ async def test_i15_a_full_journal_falls_back_to_the_commit(tmp_path: Path) -> No
     assert lt.runs(settings.data_dir) == []
 
 
+async def test_j6_a_job_start_whose_group_commit_fails_does_not_run(tmp_path: Path) -> None:
+    """SPEC J5, J6, D6: where a flush is a commit (no journal: here a device, as on
+    PostgreSQL), a job's `running` row waits for the turn's group commit before its
+    handler starts; when that commit fails the job ends `failed` `unavailable` and its
+    handler never ran."""
+    gate = lt.reset()
+    settings = lt.ledger_settings(tmp_path)
+    db = settings.data_dir / "toolbus.db"
+    os.makedirs(db.parent, exist_ok=True)
+    os.symlink("/dev/full", str(db) + SUFFIX)
+    async with failing_gateway(settings, db) as (gw, store), peer(gw, options=GATED_ONLY) as p:
+        gate.outbox = gw.outbox
+        assert not gw.store.journals
+        store.failing = True
+        await p.invoke("j1", "held_job")
+        await wait_until(lambda: gw.outbox.held > 0, "dispatched held")
+        store.failing = False
+        job_id = (await p.expect("dispatched", call_id="j1"))["job_id"]
+        failed = await p.expect("job.failed", job_id=job_id)
+    assert failed["error"] == {
+        "code": "unavailable",
+        "message": "the store cannot commit right now; the tool did not run",
+    }
+    assert gate.queued == []
+
+
 def test_i15_a_locked_file_at_open_keeps_the_journal_for_the_next_start(tmp_path: Path) -> None:
     """SPEC D6 at start: another connection holds the file's write lock past the open's
     5 s wait. The open fails with a `StoreError` that says so (not the damage message,
