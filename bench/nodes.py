@@ -1,4 +1,4 @@
-"""P8 and P10: toolbus on PostgreSQL, one node and several (issue 10, SPEC N1-N6).
+"""P8, P10 and P5p: toolbus on PostgreSQL, one node and several (issue 10, SPEC N1-N6).
 
 - **P8**: the P2 workload (50 sessions of the raw bench client, each calling ``noop``
   sequentially) against three gateways, interleaved round by round: one node on the
@@ -20,6 +20,10 @@
   SPEC N2) before the finish time, so A's ``job.done`` travels by the inbox (commit on
   A, ``NOTIFY``, inbox read and commit on B, send; SPEC N3). **P10a**: the same with
   one session and one job at a time.
+- **P5p**: P5's workload (``finish_at`` jobs of 10 sessions, all ending at one wall
+  time) against one node on SQLite and one on PostgreSQL, interleaved round by round:
+  what the store costs a burst of job ends (on PostgreSQL the flush is a commit, and the
+  outbox does not flush a burst early there).
 
 Every PostgreSQL gateway gets a fresh database of its own (``CREATE DATABASE ...
 TEMPLATE template0``), dropped afterwards: ``pg_stat_database`` counts per database, and
@@ -521,4 +525,59 @@ def p10(bench: Any) -> list[dict[str, Any]]:
             "passed": None,
             "values": q,
         },
+    ]
+
+
+def p5p(bench: Any) -> list[dict[str, Any]]:
+    """Measure and return the P5p row (fields of ``bench.run.Row``): P5's burst of job
+    ends on a SQLite node and on a PostgreSQL node, interleaved."""
+    plan = bench.plan
+    stats: dict[str, dict[str, list[float]]] = {
+        k: {"p50": [], "p99": [], "max": []} for k in ("sqlite", "pg")
+    }
+    late_total = 0
+    with contextlib.ExitStack() as stack:
+        name, url = stack.enter_context(fresh_database())
+        gateways = {
+            "sqlite": start_node("p5_sqlite", bench.tmp, None, None),
+            "pg": start_node("p5_pg", bench.tmp, url, name),
+        }
+        for gateway in gateways.values():
+            stack.callback(gateway.stop)
+        for r in range(plan.p5_rounds):
+            for kind in ("sqlite", "pg") if r % 2 == 0 else ("pg", "sqlite"):
+                sizes = (plan.p5_sessions, plan.p5_per_session, plan.p5_lead)
+                out = bench.loop(_pushes(gateways[kind].url, None, *sizes))
+                late_total += out["late"]
+                lat = out["latencies"]
+                for q, value in (
+                    ("p50", c.percentile(lat, 50)),
+                    ("p99", c.percentile(lat, 99)),
+                    ("max", max(lat)),
+                ):
+                    stats[kind][q].append(value)
+                bench.log(
+                    f"  P5p round {r + 1}: {kind} p50 {c.percentile(lat, 50) * 1e3:.2f} ms "
+                    f"p99 {c.percentile(lat, 99) * 1e3:.2f} ms"
+                )
+    jobs = plan.p5_sessions * plan.p5_per_session
+    bench.raw["P5p"] = {"round_latency_s": stats, "jobs": jobs}
+    med = {k: {q: c.median(v) for q, v in s.items()} for k, s in stats.items()}
+
+    def pair(x: dict[str, float]) -> str:
+        return f"{x['p50'] * 1e3:,.2f} / {x['p99'] * 1e3:,.2f} ms"
+
+    return [
+        {
+            "id": "P5p",
+            "metric": f"{jobs:,} jobs ending together (P5): push p50 / p99, "
+            "one node on SQLite; on PostgreSQL",
+            "floor": "",
+            "toolbus": f"{pair(med['sqlite'])}; {pair(med['pg'])}",
+            "mcp": "",
+            "ratio": f"PostgreSQL p99 {med['pg']['p99'] / med['sqlite']['p99']:.1f}x SQLite",
+            "target": "(info)",
+            "passed": None,
+            "values": med,
+        }
     ]

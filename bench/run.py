@@ -607,8 +607,8 @@ def git_commit() -> str:
     return "unknown"
 
 
-WORKLOADS = ["P1", "P2", "P4", "P5", "P6", "P7", "P11", "M3", "P8", "P9", "P10"]
-FULL_ONLY = {"P8", "P9", "P10"}
+WORKLOADS = ["P1", "P2", "P4", "P5", "P6", "P7", "P11", "M3", "P8", "P9", "P10", "P5P"]
+FULL_ONLY = {"P8", "P9", "P10", "P5P"}
 """Workloads ``--quick`` leaves out unless ``--only`` names them: each starts servers on
 fresh PostgreSQL databases (P9: three nodes and HAProxy per phase), which costs more
 than the ~10 s a quick run may add."""
@@ -632,7 +632,7 @@ def main(argv: list[str] | None = None) -> int:
         "--only",
         default="",
         help="comma-separated workloads, e.g. P1,P6 (P2 includes P3, P11 includes P12); "
-        "with --quick, the full-only ones (P8, P9, P10) run only when named here",
+        "with --quick, the full-only ones (P8, P9, P10, P5p) run only when named here",
     )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "latest.json")
     args = parser.parse_args(argv)
@@ -661,6 +661,7 @@ def main(argv: list[str] | None = None) -> int:
             "P8": lambda: bench.rows.extend(Row(**r) for r in nodes.p8(bench)),
             "P9": lambda: bench.rows.extend(Row(**r) for r in failover.p9(bench)),
             "P10": lambda: bench.rows.extend(Row(**r) for r in nodes.p10(bench)),
+            "P5P": lambda: bench.rows.extend(Row(**r) for r in nodes.p5p(bench)),
         }
         for name in WORKLOADS:
             if name not in only:
