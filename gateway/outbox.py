@@ -388,11 +388,13 @@ class Outbox:
         return True
 
     def flush_burst(self) -> bool:
-        """Flush now if :attr:`BURST` frames or more are queued and a flush is a journal
-        append (``False`` otherwise, or as :meth:`flush`): jobs woken in one loop turn
-        (P5) then leave in slices. Call it only where the caller's rows and event are
-        all staged: there a flush is as safe as the tick's."""
-        return self.queued >= self.BURST and self._store.journals and self.flush()
+        """Flush now if :attr:`BURST` frames or more are queued (``False`` otherwise, or
+        as :meth:`flush`): jobs woken in one loop turn (P5) then leave in slices. On
+        PostgreSQL too, where each slice is a commit: P5p measured 1,000 job ends at p50
+        8 ms, p99 13-15 ms in slices against 84 ms and 106 ms in the turn's one commit.
+        Call it only where the caller's rows and event are all staged: there a flush is
+        as safe as the tick's."""
+        return self.queued >= self.BURST and self.flush()
 
     def commit(self) -> bool:
         """Make what is staged durable now (journal or commit), without delivering: queued

@@ -135,8 +135,8 @@ class Store(Protocol):
     @property
     def journals(self) -> bool:
         """Whether a flush is an append to a journal (one ``write(2)``), not a commit:
-        the outbox then flushes a burst early (:meth:`Outbox.flush_burst
-        <gateway.outbox.Outbox.flush_burst>`)."""
+        a job's start is then made durable at once, not in the turn's group commit
+        (:meth:`gateway.jobs.JobRunner._execute`)."""
 
     def load_session(self, session_id: str) -> SessionRow | None: ...
 

@@ -57,14 +57,15 @@ async def test_d1_jobs_ending_in_one_turn_leave_in_bursts(tmp_path: Path) -> Non
     assert gate.queued == [n % Outbox.BURST for n in range(JOBS)]
 
 
-async def test_n1_on_postgresql_a_burst_waits_for_the_turns_flush(
+async def test_n1_on_postgresql_bursts_leave_in_slices_too(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """On PostgreSQL a flush is a commit, a round trip made on the event loop: the
-    outbox does not flush a burst early there (found in review), so the queue grows
-    through the whole turn and the tick's one flush sends it, as before."""
+    """On PostgreSQL each slice is a commit, a round trip made on the event loop; the
+    slices still beat the turn's one commit of every job's row and event (P5p: p99 13
+    to 15 ms against 106 ms for 1,000 jobs), so the queue never reaches the burst size
+    there either."""
     with fresh_schema() as url:
         monkeypatch.setenv("TOOLBUS_STORE__URL", url)
         gate, store = await _burst(tmp_path)
     assert store == "PgStore"
-    assert gate.queued == list(range(JOBS))
+    assert gate.queued == [n % Outbox.BURST for n in range(JOBS)]
