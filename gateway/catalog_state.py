@@ -51,6 +51,11 @@ def _mtimes(paths: Sequence[Path]) -> dict[Path, float]:
     return stamps
 
 
+VIEWS = 256
+"""Sets of visible tools whose catalog view :meth:`CatalogState.view` keeps made, per
+catalog (profiles times the visibility scopes in use; past it views are made anew)."""
+
+
 class CatalogState:
     """The loaded catalog plus what sessions were shown (SPEC C3).
 
@@ -85,6 +90,10 @@ class CatalogState:
         """Mounted MCP server name -> its tools now in the catalog (SPEC M1, M2)."""
         self.on_reload: list[Callable[[], None]] = []
         """Called after a reload swapped the catalog (the MCP mounts reconcile, SPEC M2)."""
+        self._views: dict[tuple[str, ...], tuple[str, tuple[m.ToolInfo, ...]]] = {}
+        """Per set of visible tool names: the catalog's version and its (frozen) tool
+        infos, for :attr:`_views_of` only (:meth:`view`)."""
+        self._views_of: Catalog | None = None
 
     def set_mounted(self, server: str, tools: Mapping[str, ToolDef]) -> None:
         """Replace one mounted MCP server's tools and rebuild :attr:`current` (SPEC M1, M2).
@@ -128,10 +137,24 @@ class CatalogState:
         return replace(files, tools=MappingProxyType(dict(sorted(merged.items()))))
 
     def view(self, session: Session) -> tuple[str, list[m.ToolInfo], frozenset[str]]:
-        """A session's catalog now: ``(version, tools, names)`` (SPEC C3)."""
-        tools = visible_tools(self.current, session.profile, Scope(session.context, session.origin))
-        infos = [m.ToolInfo(**tool_info(tool)) for tool in tools]
-        return catalog_version(tools), infos, frozenset(t.name for t in tools)
+        """A session's catalog now: ``(version, tools, names)`` (SPEC C3).
+
+        Which tools a session sees is decided for each session (profile, context,
+        origin); what they look like is not: the version hash and the tool infos of a
+        set of tools are made once per catalog (:data:`VIEWS` sets at most), not at
+        every ``hello`` (they were about two thirds of a hello's server time).
+        """
+        current = self.current
+        tools = visible_tools(current, session.profile, Scope(session.context, session.origin))
+        names = tuple(tool.name for tool in tools)
+        if self._views_of is not current:
+            self._views, self._views_of = {}, current
+        made = self._views.get(names)
+        if made is None:
+            made = catalog_version(tools), tuple(m.ToolInfo(**tool_info(tool)) for tool in tools)
+            if len(self._views) < VIEWS:
+                self._views[names] = made
+        return made[0], list(made[1]), frozenset(names)
 
     def push(
         self,
