@@ -309,7 +309,9 @@ class SqliteStore(SqliteReads):
 
     def stage_session(self, row: SessionRow) -> None:
         batch = self._batch
-        batch.sessions[row.session_id] = checked(session_values(row), "session")
+        values = checked(session_values(row), "session")
+        batch.sessions[row.session_id] = values
+        self._intents.staged_session(values)
         if row.session_id in batch.seqs:  # the row's counters win; its floor still trims
             batch.seqs[row.session_id] = (row.last_seq, row.acked_seq, row.floor_seq)
 
@@ -418,7 +420,9 @@ class SqliteStore(SqliteReads):
         self._batch.deletes.append(session_id)
 
     def purge(self, now: float, job_retention: float) -> None:
-        cur = self._db.execute(
+        # Settled first: a session row journaled since the last commit (a resume that
+        # cleared its expires_at) must not be read as the file's older one.
+        cur = self._settled().execute(
             "SELECT session_id FROM sessions WHERE expires_at IS NOT NULL AND expires_at<?", (now,)
         )
         for (session_id,) in list(cur):

@@ -4,15 +4,15 @@ made durable with one ``write(2)``, not a commit (SPEC I15, D1, D6; issue 13).
 **Batch entries (SPEC D1).** A flush of the outbox
 (:meth:`SqliteStore.journal <gateway.store.SqliteStore.journal>`) appends the writes
 staged since the last flush or commit (events, call rows, ledger rows, job rows,
-session counters: :data:`_WRITES`) as one numbered line, ``{"gen": N, "writes": [...]}``, and
-sends its frames; the
+session rows and counters: :data:`_WRITES`) as one numbered line,
+``{"gen": N, "writes": [...]}``, and sends its frames; the
 commit of the file it owes runs later for every flush of that time
 (:class:`~gateway.outbox.Outbox`, ``store.settle_after``), first thing in any read of
 the file (:mod:`gateway.store_reads`), past :data:`JOURNAL_BYTES` and at a clean close,
-and it empties the journal. A batch holding rows no entry carries (a session row, a
-deletion, a purge) is committed instead, and so is every flush while the
-last commit failed (D6). Entries are numbered; the commit that writes their rows
-records the last number in the file (table ``journal_mark``) in the same transaction.
+and it empties the journal. A batch holding writes no entry carries (a deletion, a
+purge) is committed instead, and so is every flush while the last commit failed (D6).
+Entries are numbered; the commit that writes their rows records the last number in the
+file (table ``journal_mark``) in the same transaction.
 At open, the entries numbered past the mark (a crash before their commit) are written
 first, in order; one the file already has (a crash after its commit, before the
 truncate, or a truncate that failed) is skipped, and each write is guarded besides.
@@ -393,18 +393,35 @@ def _left_beside_a_link(given: str, path: Path) -> bool:
     return stat.S_ISREG(found.st_mode) and found.st_size > 0
 
 
-_WRITES = {"e": 3, "q": 4, "c": 4, "f": 2, "l": 8, "j": 17}
+_WRITES = {"e": 3, "q": 4, "c": 4, "f": 2, "l": 8, "j": 17, "s": 15}
 """A batch entry's writes by kind, with their number of values:
 ``["e", session_id, seq, body]`` an event; ``["q", session_id, last_seq, acked_seq,
 floor_seq]`` a session's counters; ``["c", session_id, call_id, state, body]`` a call
 row; ``["f", session_id, call_id]`` a forgotten call row; ``["l", tenant, user,
 call_id, tool, params_hash, state, outcome, created_at]`` a ledger row; ``["j", ...]``
-a job row, the 17 ``jobs`` columns in their order (:func:`gateway.store_rows.job_values`).
-Bodies and JSON columns are text (the bytes are UTF-8 JSON from :mod:`protocol.codec`)."""
+a job row, the 17 ``jobs`` columns in their order (:func:`gateway.store_rows.job_values`);
+``["s", ...]`` a session row, the 15 ``sessions`` columns in their order
+(:func:`gateway.store_rows.session_values`). Bodies and JSON columns are text (the bytes
+are UTF-8 JSON from :mod:`protocol.codec`)."""
 
 _JOB_JSON = (8, 9, 14, 15, 16)
 """The ``jobs`` columns (0-based) that hold JSON bytes: params, context, artifacts,
 result, error."""
+
+_SESSION_JSON = (5, 6, 7)
+"""The ``sessions`` columns (0-based) that hold JSON bytes: context, options, grants."""
+
+_SESSION_UPSERT = (
+    f"INSERT INTO sessions VALUES ({','.join('?' * 15)}) ON CONFLICT (session_id) DO UPDATE "
+    "SET token_hash=excluded.token_hash, user=excluded.user, tenant=excluded.tenant, "
+    "profile=excluded.profile, context=excluded.context, options=excluded.options, "
+    "grants=excluded.grants, last_seq=MAX(last_seq, excluded.last_seq), "
+    "acked_seq=MAX(acked_seq, excluded.acked_seq), "
+    "floor_seq=MAX(floor_seq, excluded.floor_seq), created_at=excluded.created_at, "
+    "expires_at=excluded.expires_at, catalog_version=excluded.catalog_version, "
+    "credential_ref=excluded.credential_ref"
+)
+"""A journaled session row written back: the entry's columns, its counters only forward."""
 
 _JOB_RANK = "CASE {} WHEN 'queued' THEN 0 WHEN 'running' THEN 1 ELSE 2 END"
 """A job state's place in its one-way order: queued, running, ended (SPEC J1)."""
@@ -486,6 +503,10 @@ def _apply(db: sqlite3.Connection, writes: list[Any]) -> None:
             )
         elif kind == "f":
             db.execute("DELETE FROM calls WHERE session_id=? AND call_id=?", (v[0], v[1]))
+        elif kind == "s":
+            db.execute(
+                _SESSION_UPSERT, [_bytes(x) if i in _SESSION_JSON else x for i, x in enumerate(v)]
+            )
         elif kind == "j":
             values = [_bytes(x) if i in _JOB_JSON else x for i, x in enumerate(v)]
             db.execute(
@@ -638,6 +659,12 @@ class Intents:
         if self.journal is not None:
             self._writes.append(("f", session_id, call_id))
 
+    def staged_session(self, values: tuple[Any, ...]) -> None:
+        """A session row was staged (its ``sessions`` column values, JSON columns as
+        bytes)."""
+        if self.journal is not None:
+            self._writes.append(("s", *(_text(v) if isinstance(v, bytes) else v for v in values)))
+
     def staged_job(self, values: tuple[Any, ...]) -> None:
         """A job row was staged (its ``jobs`` column values, JSON columns as bytes)."""
         if self.journal is not None:
@@ -654,15 +681,14 @@ class Intents:
         """Journal the writes staged since the last commit or log, in one append (SPEC
         D1, D6): ``True`` when everything staged in ``batch`` is durable now, the file's
         commit owed (:attr:`owed`). ``False`` without a usable journal, past
-        :data:`JOURNAL_BYTES`, when ``batch`` holds rows a batch entry does not carry
-        (sessions, deletions, purges), or when the append failed (then the next
-        commit is an emptying one): the caller commits."""
+        :data:`JOURNAL_BYTES`, when ``batch`` holds writes a batch entry does not carry
+        (deletions, purges), or when the append failed (then the next commit is an
+        emptying one): the caller commits."""
         journal = self.journal
         if (
             journal is None
             or not journal.usable
             or journal.size >= JOURNAL_BYTES
-            or batch.sessions
             or batch.deletes
             or batch.ledger_before is not None
             or batch.purge_before is not None

@@ -73,11 +73,11 @@ def journaled_event(journal: Path, session_id: str, seq: int) -> bytes | None:
 
 
 async def first_commit_fails(gw: Gateway, p: Peer) -> None:
-    """Make ``gw`` commit now and wait until that failed (SPEC D6). A flush journals
-    events, call, ledger and counter rows without a commit (SPEC D1) and only the commit
-    it owes, later, would fail; a ``context.update`` stages the session's row, which no
-    journal entry carries, so its flush commits at once. Its reply (not an event) is
-    read here; the context does not change, so no ``catalog`` event follows."""
+    """Make ``gw`` commit and wait until that failed (SPEC D6). A flush journals every
+    row without a commit (SPEC D1); a ``context.update`` stages the session's row, and
+    the commit its flush owes (``store.settle_after`` later) fails. Its reply (not an
+    event) is read here; the context does not change, so no ``catalog`` event
+    follows."""
     await p.send({"type": "context.update", "id": "probe", "context": {}})
     await p.expect("context", id="probe")
     await until(lambda: gw.outbox.failing_since is not None, "a failed commit")

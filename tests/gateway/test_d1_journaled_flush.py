@@ -18,6 +18,7 @@ import asyncio
 import sqlite3
 import sys
 from asyncio.subprocess import PIPE
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -77,7 +78,7 @@ def test_d1_a_flush_is_journaled_and_a_read_pays_the_owed_commit(tmp_path: Path)
     store = SqliteStore(db)
     try:
         store.stage_session(_session("s1"))
-        assert store.journal() is False  # a session row: no journal entry carries it
+        assert store.journal() is True  # a session row is journaled like the rest
         store.commit()
         store.stage_event("s1", 1, b'{"type":"result","seq":1}')
         store.stage_call("s1", "c1", "done", b'{"type":"result","seq":1}')
@@ -100,9 +101,10 @@ def test_d1_a_flush_is_journaled_and_a_read_pays_the_owed_commit(tmp_path: Path)
 def test_d1_the_journal_refuses_rows_no_entry_carries_and_a_failed_commit(
     tmp_path: Path,
 ) -> None:
-    """SPEC D1, D6: a batch holding a session row or a deletion is committed, not
-    journaled; while the last commit failed (another connection's write lock) no
-    flush is journaled either, and the commit that succeeds afterwards writes all."""
+    """SPEC D1, D6: a batch holding a deletion is committed, not journaled; while the
+    last commit failed (another connection's write lock) no flush is journaled either,
+    and the commit that succeeds afterwards writes all, the session row journaled
+    before the failure included."""
     db = tmp_path / "toolbus.db"
     store = SqliteStore(db)
     try:
@@ -116,7 +118,7 @@ def test_d1_the_journal_refuses_rows_no_entry_carries_and_a_failed_commit(
         holder.execute("BEGIN IMMEDIATE")
         try:
             store.stage_session(_session("s2"))
-            assert store.journal() is False
+            assert store.journal() is True
             with pytest.raises(StoreUnavailable):
                 store.commit()
             store.stage_event("s1", 2, b'{"seq":2}')
@@ -181,7 +183,8 @@ def test_d1_a_batch_entry_the_file_already_has_changes_nothing(tmp_path: Path) -
     has, or has gone past (a truncate that failed): written again at open they change
     nothing: no event of a session the file lacks or at or below its floor, no ledger
     row over a newer one, no `running` row over an ended one of the same call (ledger
-    and call record), counters only forward."""
+    and call record), counters only forward (a session row's too, whose other columns
+    are the entry's)."""
     db = tmp_path / "toolbus.db"
     store = SqliteStore(db)
     store.stage_session(_session("s1"))
@@ -196,6 +199,7 @@ def test_d1_a_batch_entry_the_file_already_has_changes_nothing(tmp_path: Path) -
         ("e", "s1", 4, "{}"),
         ("e", "s1", 6, '{"seq":6}'),
         ("q", "s1", 3, 2, 2),
+        ("s", "s1", "h", "alice", None, "demo", "{}", "{}", '["t"]', 3, 2, 2, 1.0, 9.5, None, None),
         ("l", "", "alice", "c1", "t", "h", "done", "old", 1.0),
         ("l", "", "alice", "c2", "t", "h", "running", None, 7.0),
         ("c", "s1", "c2", "running", '{"tool":"t"}'),
@@ -208,6 +212,7 @@ def test_d1_a_batch_entry_the_file_already_has_changes_nothing(tmp_path: Path) -
         row = store.load_session("s1")
         assert row is not None
         assert (row.acked_seq, row.floor_seq) == (5, 5)
+        assert (row.grants, row.expires_at) == (["t"], 9.5)
         found = store.ledger("", "alice", "c1")
         assert found is not None
         assert found.outcome == b"new"
@@ -215,6 +220,66 @@ def test_d1_a_batch_entry_the_file_already_has_changes_nothing(tmp_path: Path) -
         assert ended is not None
         assert (ended.state, ended.outcome) == ("done", b"out")
         assert store.call("s1", "c2") == ("done", b"out")
+    finally:
+        store.close()
+
+
+def test_d2_the_purge_reads_a_session_row_journaled_since_the_commit(tmp_path: Path) -> None:
+    """SPEC D2, S4: a parked session (its row committed with `expires_at`) resumes; the
+    row that clears `expires_at` is journaled, the file still has the old one. The purge
+    that runs past the old expiry first pays the owed commit, so it does not delete the
+    live session."""
+    db = tmp_path / "toolbus.db"
+    store = SqliteStore(db)
+    try:
+        store.stage_session(replace(_session("s1"), expires_at=5.0))
+        store.commit()
+        store.stage_session(_session("s1"))  # resumed: no expiry
+        assert store.journal() is True
+        store.purge(now=10.0, job_retention=3600.0)
+        row = store.load_session("s1")
+        assert row is not None
+        assert row.expires_at is None
+    finally:
+        store.close()
+
+
+SESSION_WRITE = ["s", "s1", "h", "alice", "t1", "demo", '{"k":"v"}', '{"o":1}', '["g"]']
+
+KILLED_AFTER_A_HELLO = """
+import os, signal, sys
+from gateway.store import SessionRow, SqliteStore
+store = SqliteStore(sys.argv[1])
+store.stage_session(SessionRow("s1", "h", "alice", "t1", "demo", {"k": "v"}, {"o": 1}, ["g"],
+                               1, 0, 0, 2.0, None, "v1", None))
+store.stage_event("s1", 1, b'{"seq":1}')
+assert store.journal()
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+async def test_d1_s5_a_session_row_is_journaled_and_written_back_at_open(tmp_path: Path) -> None:
+    """SPEC D1, D3: a session row (a `hello`, a resume, a context update, a grant) is
+    journaled like the other rows: the flush appends it, its JSON columns as text, and
+    the file lacks it until the commit it owes. A process SIGKILLed before that commit
+    leaves it in the journal only; the next open writes it back, then the events staged
+    after it."""
+    db = tmp_path / "toolbus.db"
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", KILLED_AFTER_A_HELLO, str(db))
+    assert await proc.wait() == -9
+    assert journaled_writes(db) == [
+        [*SESSION_WRITE, 1, 0, 0, 2.0, None, "v1", None],
+        ["e", "s1", 1, '{"seq":1}'],
+    ]
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT count(*) FROM sessions").fetchone() == (0,)
+    conn.close()
+    store = SqliteStore(db)
+    try:
+        assert store.load_session("s1") == SessionRow(
+            "s1", "h", "alice", "t1", "demo", {"k": "v"}, {"o": 1}, ["g"], 1, 0, 0, 2.0, None, "v1"
+        )
+        assert store.events_after("s1", 0) == [(1, b'{"seq":1}')]
     finally:
         store.close()
 
@@ -408,9 +473,7 @@ def _left_after_its_commit(db: Path) -> None:
     store.stage_ledger(LedgerRow("", "alice", "c1", "t", "h", "done", RESULT, 5.0))
     assert store.journal() is True
     left = journal.read_bytes()
-    store.stage_session(_session("s1"))
-    assert store.journal() is False
-    store.commit()
+    store.commit()  # the commit the flush owes
     assert journal.stat().st_size == 0
     store.stage_forget_call("s1", "c1")
     store.commit()
@@ -437,7 +500,7 @@ async def test_d1_i12_an_entry_left_after_its_commit_is_not_written_again(
     tmp_path: Path,
 ) -> None:
     """SPEC D1, I12 (found in review): a flush journals a call's ended record; a later
-    commit (a session row makes it one) writes it, records the entry's number and would
+    commit (the one the flush owes) writes it, records the entry's number and would
     empty the journal, and the call's record then leaves its window (forgotten,
     committed). The process dies between that commit and the truncate: the journal still
     holds the entry (put back here after the store closed, as a crash leaves it). At the
@@ -525,10 +588,10 @@ def test_d1_d6_a_journal_that_exists_and_cannot_be_opened_stops_the_store(
 
 async def test_d1_i12_results_sent_from_the_journal_survive_a_sigkill(tmp_path: Path) -> None:
     """SPEC D1, D3, I12, I15: a server whose owed commits never come due sends a call's
-    result from the journal alone and is SIGKILLed: the file has no row of the call. The
-    next server writes the journal's entries at open; the resumed session gets the
-    result by replay, a re-send of the call id gets the recorded result, and the tool
-    ran once."""
+    result from the journal alone and is SIGKILLed: the file has no row of the call, nor
+    of the session (its row, staged at `hello`, was journaled too). The next server
+    writes the journal's entries at open; the session resumes, gets the result by
+    replay, a re-send of the call id gets the recorded result, and the tool ran once."""
     settings = lt.ledger_settings(tmp_path)
     db = settings.data_dir / "toolbus.db"
     lt.reset()
@@ -544,6 +607,11 @@ async def test_d1_i12_results_sent_from_the_journal_survive_a_sigkill(tmp_path: 
         await first.crash()
     assert first.proc.returncode == -9
     assert committed_ledger(db, "c1") == []
+    sid = welcome["session_id"]
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT 1 FROM sessions WHERE session_id=?", (sid,)).fetchall() == []
+    conn.close()
+    assert {w[3] for w in journaled_writes(db) if w[0] == "s" and w[1] == sid} == {"alice"}
     # The batch entries carry the call's ended rows only: its `running` rows are in its
     # intent entry (admission), which the ended ones make spent.
     assert [w[6] for w in journaled_writes(db) if w[0] == "l" and w[3] == "c1"] == ["done"]

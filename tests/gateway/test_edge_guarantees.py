@@ -20,7 +20,7 @@ from websockets.exceptions import ConnectionClosed
 
 from gateway.context import ToolContext
 from gateway.server import Gateway
-from tests.gateway.store_faults import LOCKER, first_commit_fails
+from tests.gateway.store_faults import LOCKER, first_commit_fails, until
 from tests.pg_support import pg_url  # noqa: F401 (fixture)
 from tests.support import WAIT, Peer, own_catalog, peer, running, settings_for
 
@@ -347,10 +347,12 @@ async def test_i16_non_finite_floats_in_job_results_artifacts_and_progress_fail_
 async def test_d1_d6_hello_while_the_store_cannot_commit_is_refused_and_leaves_nothing(
     tmp_path: Path,
 ) -> None:
-    """SPEC D1, D6, S1: another process holds a write lock on the SQLite file. A fresh
-    ``hello`` is answered ``error`` ``unavailable`` and closed 1013 (try again later),
-    never with a ``welcome`` for a session the store did not keep; once the lock is
-    gone a hello works and the store holds that one session only."""
+    """SPEC D1, D6, S1: another process holds a write lock on the SQLite file. A first
+    ``hello`` gets its ``welcome``: its session row is journaled (durable, D1) and the
+    commit it owes is the one that fails on the lock. From then on the store cannot
+    commit: a fresh ``hello`` is answered ``error`` ``unavailable`` and closed 1013 (try
+    again later), never with a ``welcome`` for a session the store did not keep. Once
+    the lock is gone a hello works, and the store holds those two sessions only."""
     db = tmp_path / "data" / "toolbus.db"
     async with serve(tmp_path) as gw:
         locker = await asyncio.create_subprocess_exec(
@@ -360,30 +362,36 @@ async def test_d1_d6_hello_while_the_store_cannot_commit_is_refused_and_leaves_n
             assert locker.stdout is not None
             assert locker.stdin is not None
             assert await locker.stdout.readline() == b"locked\n"
-            async with peer(gw, hello=False) as p:
-                await p.send({"type": "hello", "token": "alice-token", "profile": "demo"})
-                err = await p.recv()
-                assert err == {
-                    "type": "error",
-                    "code": "unavailable",
-                    "message": "the store cannot commit right now; try again later",
-                }
-                async with asyncio.timeout(WAIT):
-                    await p.ws.wait_closed()
-                assert p.ws.close_code == 1013
-            assert len(gw.sessions.sessions) == 0
-            locker.stdin.write(b"release\n")
-            await locker.stdin.drain()
-            assert await locker.wait() == 0
+            async with peer(gw) as first:
+                kept = first.welcome["session_id"]
+                await until(lambda: gw.outbox.failing_since is not None, "a failed commit")
+                async with peer(gw, hello=False) as p:
+                    await p.send({"type": "hello", "token": "alice-token", "profile": "demo"})
+                    err = await p.recv()
+                    assert err == {
+                        "type": "error",
+                        "code": "unavailable",
+                        "message": "the store cannot commit right now; try again later",
+                    }
+                    async with asyncio.timeout(WAIT):
+                        await p.ws.wait_closed()
+                    assert p.ws.close_code == 1013
+                assert list(gw.sessions.sessions) == [kept]
+                locker.stdin.write(b"release\n")
+                await locker.stdin.drain()
+                assert await locker.wait() == 0
+                await until(lambda: gw.outbox.failing_since is None, "commits to work again")
         finally:
             if locker.returncode is None:
                 locker.kill()
             await locker.communicate()
         async with peer(gw) as p:
             await p.expect("catalog")
+            await until(lambda: not gw.store.owed, "the owed commit")
             with sqlite3.connect(db) as conn:
                 rows = conn.execute("SELECT session_id FROM sessions").fetchall()
-            assert rows == [(p.welcome["session_id"],)]
+            conn.close()
+            assert sorted(rows) == sorted([(kept,), (p.welcome["session_id"],)])
 
 
 # -- D5, D6: frames held during a store outage are bounded per socket ---------------------
