@@ -201,11 +201,12 @@ class Execution:
         assert tool.func is not None
         limit = self._run_timeout(tool)
         decided = call.approval is not None
-        if not tool.idempotent and not await self.ledger.durable(
+        if (decided or not tool.idempotent) and not await self.ledger.durable(
             call.session, call.call_id, decided
         ):
             # SPEC I15, D6: the ledger's "running" row must be durable before a handler
-            # with side effects starts, or a crash could make a re-send run it again.
+            # with side effects starts, or a crash could make a re-send run it again;
+            # SPEC A3: a decided approval's outcome too, whatever the tool.
             text = "the store cannot commit right now; the tool did not run"
             self.end.error(call, ErrorCode.UNAVAILABLE, text, CallOutcome.UNAVAILABLE)
             return

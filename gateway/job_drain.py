@@ -13,7 +13,6 @@ import logging
 from collections.abc import Mapping
 
 from gateway.job_end import ActiveJob
-from protocol import messages as m
 
 logger = logging.getLogger("gateway.jobs")
 
@@ -46,9 +45,9 @@ class JobDrain:
         """
         self.draining = True
         running = [job for job in self._active.values() if job.task is not None]
-        waited = [
-            j for j in running if (patient or j.in_thread) and j.row.state == m.JobState.RUNNING
-        ]
+        # Only handlers that started: a job whose start still waits for its group
+        # commit is cancelled and left queued (SPEC J6, ActiveJob.started).
+        waited = [j for j in running if (patient or j.in_thread) and j.started]
         for job in running:
             if job not in waited:
                 job.interrupted = True

@@ -40,6 +40,11 @@ class ActiveJob:
     idempotent: bool = False
     in_thread: bool = False
     """Its handler is plain and runs in a worker thread, which cannot be interrupted."""
+    started: bool = False
+    """Its handler may run now: its ``running`` row is durable (SPEC J6). Between the
+    staging of that row and its group commit (a store that does not journal) the row
+    says ``running`` but the handler has not started; a drain then leaves the job
+    ``queued`` (:meth:`gateway.jobs.JobRunner._execute`)."""
 
 
 def _unsendable(

@@ -156,6 +156,7 @@ class JobRunner:
         )
         job = ActiveJob(row, session, idempotent=tool.idempotent and adopt is None)
         job.in_thread = adopt is not None and not inspect.iscoroutinefunction(tool.func)
+        job.started = adopt is not None  # a promoted call's handler runs already
         ctx = replace(ctx, job_id=job_id, progress=self._progress.sink(job))
         self._end.save(job, row)
         if self._drain.draining and adopt is None:
@@ -200,6 +201,9 @@ class JobRunner:
         """Record a cancelled job's end (SPEC J3, J5, J6)."""
         if job.interrupted and job.row.state == m.JobState.QUEUED:
             # SPEC J6: it never started. Stored queued, it runs after the restart.
+            return
+        if job.interrupted and not job.started:  # SPEC J6: waited for its start commit
+            self._end.save(job, replace(job.row, state=m.JobState.QUEUED, started_at=None))
             return
         if job.interrupted and job.idempotent:
             # SPEC J5: left queued in the store; the next start runs it again.
@@ -266,32 +270,24 @@ class JobRunner:
         after the wait for a worker thread (SPEC J6), and its timeout counts from then.
 
         The ``running`` row of a tool that is not idempotent is durable before its
-        handler starts (SPEC J5, J6): a crash right after must find it started, so the
-        restart reports it ``interrupted`` instead of running it a second time. On
-        SQLite that is a journal append now (:meth:`Outbox.commit
-        <gateway.outbox.Outbox.commit>`, one ``write(2)``); where a flush is a commit
-        (PostgreSQL), the jobs starting in one loop turn share the turn's commit
-        (:meth:`Outbox.durable <gateway.outbox.Outbox.durable>`), not one round trip
-        each on the loop (P5 on PostgreSQL, issue 13). A store that cannot make it
+        handler starts (SPEC J5, J6), so a restart reports it ``interrupted`` instead of
+        running it again: a journal append on SQLite (:meth:`Outbox.commit
+        <gateway.outbox.Outbox.commit>`); where a flush is a commit (PostgreSQL, SQLite
+        without a usable journal) the turn's group commit (:meth:`Outbox.durable
+        <gateway.outbox.Outbox.durable>`; P5p). Until then :attr:`ActiveJob.started` is
+        false: a drain leaves the job ``queued``. A store that cannot make the row
         durable fails the job ``unavailable`` before the handler runs.
         """
         func = tool.func
         assert func is not None
         limit = tool.timeout if tool.timeout and not tool.long_running else None
-        outbox = job.session.outbox
 
         def started() -> Awaitable[None] | None:
             job.in_thread = not inspect.iscoroutinefunction(func)
             self._end.save(
                 job, replace(job.row, state=m.JobState.RUNNING, started_at=self._clock())
             )
-            if tool.idempotent:
-                return None
-            if not job.session.store.journals:
-                return _durable(outbox.durable(at_once=False))
-            if not outbox.commit():
-                raise ToolFailure(ErrorCode.UNAVAILABLE, NOT_DURABLE)
-            return None
+            return _durable_start(job, tool.idempotent)
 
         return await run_handler(func, params, ctx, self._pool, limit, on_start=started)
 
@@ -320,8 +316,24 @@ class JobRunner:
         await self._drain.run(deadline, patient)
 
 
-async def _durable(commit: asyncio.Future[bool]) -> None:
-    """Wait for the group commit ``commit`` (SPEC J5, J6); :class:`ToolFailure`
-    ``unavailable`` when it failed, so the handler does not start."""
+def _durable_start(job: ActiveJob, idempotent: bool) -> Awaitable[None] | None:
+    """Make ``job``'s staged ``running`` row durable before its handler (SPEC J5, J6):
+    nothing for an idempotent tool, a journal append at once, or (a flush is a commit)
+    the awaitable share of the turn's group commit. :class:`ToolFailure`
+    ``unavailable`` when it cannot be."""
+    outbox = job.session.outbox
+    if not idempotent and not job.session.store.journals:
+        return _durable(job, outbox.durable(at_once=False))
+    if not idempotent and not outbox.commit():
+        raise ToolFailure(ErrorCode.UNAVAILABLE, NOT_DURABLE)
+    job.started = True
+    return None
+
+
+async def _durable(job: ActiveJob, commit: asyncio.Future[bool]) -> None:
+    """Wait for the group commit ``commit`` of ``job``'s ``running`` row (SPEC J5, J6),
+    then mark the job started; :class:`ToolFailure` ``unavailable`` when the commit
+    failed, so the handler does not start."""
     if not await commit:
         raise ToolFailure(ErrorCode.UNAVAILABLE, NOT_DURABLE)
+    job.started = True

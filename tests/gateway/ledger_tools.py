@@ -63,6 +63,14 @@ tools:
     requires_approval: true
     handler: tests.gateway.ledger_tools:crash_charge
     parameters: *crash_params
+  - name: crash_gated_idempotent
+    description: crash_charge behind the user's approval, declared idempotent (no ledger
+      row need be durable before it; the decision still must be, SPEC A3).
+    capability: t.ledger
+    requires_approval: true
+    idempotent: true
+    handler: tests.gateway.ledger_tools:crash_charge
+    parameters: *crash_params
   - name: held_async
     description: An async def charge; appends a line, then waits for the test's release.
     capability: t.ledger
@@ -136,6 +144,17 @@ tools:
     capability: t.ledger
     mode: async
     handler: tests.gateway.ledger_tools:held_job
+  - name: mark_job
+    description: An async job whose coroutine handler appends its call id to
+      charges.txt.
+    capability: t.ledger
+    mode: async
+    handler: tests.gateway.ledger_tools:mark_async
+  - name: mark_job_plain
+    description: The same with a plain handler (a worker thread).
+    capability: t.ledger
+    mode: async
+    handler: tests.gateway.ledger_tools:mark_plain
   - name: burst_job
     description: An async tool that, once the test releases it, notes how many frames
       the gateway's outbox holds for its next flush, and ends.
@@ -287,6 +306,16 @@ def raise_odd_text(params: dict[str, Any], ctx: ToolContext) -> None:
 
 async def gated_peek(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     GATE.queued.append(GATE.outbox.queued)
+    return {"ok": True}
+
+
+async def mark_async(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+    _append(ctx, ctx.call_id)
+    return {"ok": True}
+
+
+def mark_plain(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+    _append(ctx, ctx.call_id)
     return {"ok": True}
 
 

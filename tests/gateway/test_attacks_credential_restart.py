@@ -16,6 +16,7 @@ import tests.gateway.fair_tools as ft
 from gateway.auth import hash_token
 from gateway.config import Settings
 from gateway.server import Gateway
+from tests.gateway.store_faults import until
 from tests.gateway.test_job_truth import dispatch, job_get
 from tests.pg_support import store_backend  # noqa: F401 (fixture)
 from tests.support import JWT_SECRET, TOKENS, make_jwt, peer, running, settings_for
@@ -60,8 +61,10 @@ async def queue_behind_a_held_job(settings: Settings, **hello: Any) -> tuple[str
 
 
 async def settle(gw: Gateway) -> None:
-    """Wait until no job of the recovered ones is active (each ran or failed)."""
-    await ft.until(lambda: not gw.jobs.active, gw.workers.jobs.changed)
+    """Wait until no job of the recovered ones is active (each ran or failed). Polled:
+    a job leaves ``active`` turns after its worker slot's last change (its start may
+    wait for a group commit first, and its end runs after the thread returned)."""
+    await until(lambda: not gw.jobs.active, "the recovered jobs to settle")
 
 
 async def runs_after_restart(settings: Settings, job_id: str) -> None:

@@ -13,12 +13,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import orjson
 import pytest
 
 from gateway.outbox import Outbox
 from tests.gateway import ledger_tools as lt
-from tests.pg_support import fresh_schema
+from tests.gateway.store_faults import until
+from tests.pg_support import admin, fresh_schema
 from tests.support import peer, running
+
+FAILURES = "toolbus_store_commit_failures_total"
 
 JOBS = 3 * Outbox.BURST
 
@@ -69,3 +73,49 @@ async def test_n1_on_postgresql_bursts_leave_in_slices_too(
         gate, store = await _burst(tmp_path)
     assert store == "PgStore"
     assert gate.queued == [n % Outbox.BURST for n in range(JOBS)]
+
+
+async def test_d6_on_postgresql_a_locked_table_costs_a_burst_one_attempt_per_slice_at_most(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SPEC D6, D1 (found in review): another connection holds `LOCK TABLE jobs` while
+    640 jobs end together. Each commit attempt waits out the lock timeout on the loop;
+    once one failed, the other slices do not try again (the retry timer decides,
+    counted from the failed attempt's end), so until the last job woke there were
+    at most three attempts (the first slice's, the turn's flush, one retry), not one
+    per slice of 64 (7 were counted before the fix).
+    Once the lock is gone every `job.done` arrives once, with gap-free seqs."""
+    jobs = 10 * Outbox.BURST
+    gate = lt.reset()
+    with fresh_schema() as url:
+        monkeypatch.setenv("TOOLBUS_STORE__URL", url)
+        schema = url.split("search_path%3D")[1]
+        settings = lt.ledger_settings(
+            tmp_path,
+            jobs={"max_concurrent": jobs, "max_per_session": jobs, "max_per_user": jobs},
+            limits={"invoke_burst": jobs, "max_inflight_calls": jobs},
+        )
+        async with running(settings) as gw, peer(gw, options={"tool_start": "gated"}) as p:
+            assert type(gw.store).__name__ == "PgStore"
+            gate.outbox = gw.outbox
+            for n in range(jobs):
+                invoke = {"type": "invoke", "call_id": f"b{n}", "tool": "burst_job"}
+                p.ws.protocol.send_text(orjson.dumps(invoke))
+            p.ws.send_data()
+            ids = [(await p.terminal(f"b{n}"))["job_id"] for n in range(jobs)]
+
+            def failures() -> float:
+                return gw.metrics.registry.get_sample_value(FAILURES) or 0.0
+
+            with admin() as locker, locker.transaction():
+                locker.execute(f"LOCK TABLE {schema}.jobs IN ACCESS EXCLUSIVE MODE")
+                before = failures()
+                gate.jobs.set()  # every job wakes, in one or two loop turns
+                await until(lambda: len(gate.queued) == jobs, "every job to wake")
+                attempts = failures() - before
+                await until(lambda: gw.outbox.failing_since is not None, "a failed commit")
+            done = [await p.expect("job.done") for _ in range(jobs)]
+    assert 1 <= attempts <= 3, attempts
+    assert sorted(d["job_id"] for d in done) == sorted(ids)
+    seqs = [d["seq"] for d in done]
+    assert seqs == list(range(seqs[0], seqs[0] + jobs))

@@ -483,6 +483,23 @@ async def test_a3_an_allowed_call_killed_in_its_handler_stays_allowed(tmp_path: 
     assert (seen[2]["code"], seen[2]["message"]) == (ErrorCode.CANCELLED, RESTARTED)
 
 
+async def test_a3_an_allowed_idempotent_call_killed_in_its_handler_stays_allowed(
+    tmp_path: Path,
+) -> None:
+    """SPEC A3, A6 (found in review): a tool declared idempotent needs no ledger row
+    before its handler, but the user's decision still is committed first: killed in
+    the handler, the resumed session gets `tool.resolved` `allowed` by the user, then
+    `cancelled`."""
+    seen, _ = await crash_and_resume(tmp_path, "crash_gated_idempotent", GATED_ONLY, decide="allow")
+    kinds = [(m["type"], m.get("resolution"), m.get("reason")) for m in seen]
+    assert kinds == [
+        ("tool_start", None, None),
+        ("tool.resolved", "allowed", "user"),
+        ("call.error", None, None),
+    ]
+    assert (seen[2]["code"], seen[2]["message"]) == (ErrorCode.CANCELLED, RESTARTED)
+
+
 def test_i15_a_key_used_again_after_its_window_is_put_back_over_the_old_row(
     tmp_path: Path,
 ) -> None:
