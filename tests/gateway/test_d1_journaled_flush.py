@@ -258,7 +258,7 @@ os.kill(os.getpid(), signal.SIGKILL)
 """
 
 
-async def test_d1_s5_a_session_row_is_journaled_and_written_back_at_open(tmp_path: Path) -> None:
+async def test_d1_d3_a_session_row_is_journaled_and_written_back_at_open(tmp_path: Path) -> None:
     """SPEC D1, D3: a session row (a `hello`, a resume, a context update, a grant) is
     journaled like the other rows: the flush appends it, its JSON columns as text, and
     the file lacks it until the commit it owes. A process SIGKILLed before that commit
