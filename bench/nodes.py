@@ -447,6 +447,20 @@ async def _pushes(a: str, b: str | None, sessions: int, jobs: int, lead: float) 
     return {"latencies": latencies, "late": late}
 
 
+def _add_round(bench: Any, stats: dict[str, list[float]], lat: list[float], label: str) -> None:
+    """Add one round's push latencies (s) to ``stats`` (p50, p99, max) and log them."""
+    p50, p99 = c.percentile(lat, 50), c.percentile(lat, 99)
+    stats["p50"].append(p50)
+    stats["p99"].append(p99)
+    stats["max"].append(max(lat))
+    bench.log(f"  {label} p50 {p50 * 1e3:.2f} ms p99 {p99 * 1e3:.2f} ms")
+
+
+def _pair(x: dict[str, float]) -> str:
+    """``p50 / p99`` of latencies in seconds, as milliseconds."""
+    return f"{x['p50'] * 1e3:,.2f} / {x['p99'] * 1e3:,.2f} ms"
+
+
 def p10(bench: Any) -> list[dict[str, Any]]:
     """Measure and return the P10 rows (fields of ``bench.run.Row``): many jobs ending
     together (P10), and one job at a time (P10a), each with the client on A and on B."""
@@ -474,13 +488,7 @@ def p10(bench: Any) -> list[dict[str, Any]]:
         for r in range(plan.p10_rounds):
             for kind in ("same", "cross") if r % 2 == 0 else ("cross", "same"):
                 lat = push(kind, plan.p10_sessions, plan.p10_per_session, plan.p10_lead)
-                stats[kind]["p50"].append(c.percentile(lat, 50))
-                stats[kind]["p99"].append(c.percentile(lat, 99))
-                stats[kind]["max"].append(max(lat))
-                bench.log(
-                    f"  P10 round {r + 1}: {kind} p50 {c.percentile(lat, 50) * 1e3:.2f} ms "
-                    f"p99 {c.percentile(lat, 99) * 1e3:.2f} ms"
-                )
+                _add_round(bench, stats[kind], lat, f"P10 round {r + 1}: {kind}")
             for i in range(plan.p10_lone):
                 for kind in ("same", "cross") if (r + i) % 2 == 0 else ("cross", "same"):
                     lone[kind] += push(kind, 1, 1, plan.p10_lone_lead)
@@ -496,16 +504,13 @@ def p10(bench: Any) -> list[dict[str, Any]]:
     note = f" ({late_total} resumes late!)" if late_total else ""
     q = {k: {"p50": c.percentile(v, 50), "p99": c.percentile(v, 99)} for k, v in lone.items()}
 
-    def pair(x: dict[str, float]) -> str:
-        return f"{x['p50'] * 1e3:,.2f} / {x['p99'] * 1e3:,.2f} ms"
-
     return [
         {
             "id": "P10",
             "metric": f"{jobs:,} jobs ending together on node A (PostgreSQL): push p50 / p99, "
             "client on A; client on B",
             "floor": "",
-            "toolbus": f"{pair(same)}; {pair(cross)}",
+            "toolbus": f"{_pair(same)}; {_pair(cross)}",
             "mcp": "",
             "ratio": f"cross-node p50 {(cross['p50'] - same['p50']) * 1e3:+,.2f} ms, "
             f"p99 {cross['p99'] / same['p99']:.1f}x{note}",
@@ -518,7 +523,7 @@ def p10(bench: Any) -> list[dict[str, Any]]:
             "metric": f"one job at a time on node A ({len(lone['same'])} each): push p50 / p99, "
             "client on A; client on B",
             "floor": "",
-            "toolbus": f"{pair(q['same'])}; {pair(q['cross'])}",
+            "toolbus": f"{_pair(q['same'])}; {_pair(q['cross'])}",
             "mcp": "",
             "ratio": f"cross-node p50 {(q['cross']['p50'] - q['same']['p50']) * 1e3:+,.2f} ms",
             "target": "(info)",
@@ -535,7 +540,6 @@ def p5p(bench: Any) -> list[dict[str, Any]]:
     stats: dict[str, dict[str, list[float]]] = {
         k: {"p50": [], "p99": [], "max": []} for k in ("sqlite", "pg")
     }
-    late_total = 0
     with contextlib.ExitStack() as stack:
         name, url = stack.enter_context(fresh_database())
         gateways = {
@@ -548,32 +552,17 @@ def p5p(bench: Any) -> list[dict[str, Any]]:
             for kind in ("sqlite", "pg") if r % 2 == 0 else ("pg", "sqlite"):
                 sizes = (plan.p5_sessions, plan.p5_per_session, plan.p5_lead)
                 out = bench.loop(_pushes(gateways[kind].url, None, *sizes))
-                late_total += out["late"]
-                lat = out["latencies"]
-                for q, value in (
-                    ("p50", c.percentile(lat, 50)),
-                    ("p99", c.percentile(lat, 99)),
-                    ("max", max(lat)),
-                ):
-                    stats[kind][q].append(value)
-                bench.log(
-                    f"  P5p round {r + 1}: {kind} p50 {c.percentile(lat, 50) * 1e3:.2f} ms "
-                    f"p99 {c.percentile(lat, 99) * 1e3:.2f} ms"
-                )
+                _add_round(bench, stats[kind], out["latencies"], f"P5p round {r + 1}: {kind}")
     jobs = plan.p5_sessions * plan.p5_per_session
     bench.raw["P5p"] = {"round_latency_s": stats, "jobs": jobs}
     med = {k: {q: c.median(v) for q, v in s.items()} for k, s in stats.items()}
-
-    def pair(x: dict[str, float]) -> str:
-        return f"{x['p50'] * 1e3:,.2f} / {x['p99'] * 1e3:,.2f} ms"
-
     return [
         {
             "id": "P5p",
             "metric": f"{jobs:,} jobs ending together (P5): push p50 / p99, "
             "one node on SQLite; on PostgreSQL",
             "floor": "",
-            "toolbus": f"{pair(med['sqlite'])}; {pair(med['pg'])}",
+            "toolbus": f"{_pair(med['sqlite'])}; {_pair(med['pg'])}",
             "mcp": "",
             "ratio": f"PostgreSQL p99 {med['pg']['p99'] / med['sqlite']['p99']:.1f}x SQLite",
             "target": "(info)",

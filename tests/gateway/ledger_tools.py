@@ -20,6 +20,8 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from gateway.context import ToolContext
 from gateway.failures import ToolFailure
 from protocol.errors import ErrorCode
@@ -340,6 +342,25 @@ def ledger_settings(tmp: Path, **sections: Any) -> Any:
     profiles.write_text(PROFILES_YAML)
     catalog = {"tools": [tools], "profiles": [profiles], "hot_reload": False}
     return settings_for(tmp, catalog=catalog, **sections)
+
+
+def jobs_at_once(tmp: Path, jobs: int) -> Any:
+    """:func:`ledger_settings` where one session may run ``jobs`` jobs at once and send
+    as many invokes in one burst."""
+    return ledger_settings(
+        tmp,
+        jobs={"max_concurrent": jobs, "max_per_session": jobs, "max_per_user": jobs},
+        limits={"invoke_burst": jobs, "max_inflight_calls": jobs},
+    )
+
+
+def invoke_in_one_write(ws: Any, tool: str, call_ids: list[str]) -> None:
+    """Send one ``invoke`` of ``tool`` per call id in a single TCP write on the client
+    connection ``ws``: the server reads them all in one loop turn."""
+    for call_id in call_ids:
+        invoke = {"type": "invoke", "call_id": call_id, "tool": tool}
+        ws.protocol.send_text(orjson.dumps(invoke))
+    ws.send_data()
 
 
 class TcpProxy:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import orjson
 import pytest
 
 from gateway.outbox import Outbox
@@ -32,11 +31,7 @@ async def _burst(tmp_path: Path) -> tuple[lt.Gate, str]:
     arrive once each, in order, gap-free. Returns the gate (what each handler saw) and
     the store's class name."""
     gate = lt.reset()
-    settings = lt.ledger_settings(
-        tmp_path,
-        jobs={"max_concurrent": JOBS, "max_per_session": JOBS, "max_per_user": JOBS},
-        limits={"invoke_burst": JOBS},
-    )
+    settings = lt.jobs_at_once(tmp_path, JOBS)
     async with running(settings) as gw, peer(gw, options={"tool_start": "gated"}) as p:
         gate.outbox = gw.outbox
         job_ids = []
@@ -90,18 +85,11 @@ async def test_d6_on_postgresql_a_locked_table_costs_a_burst_one_attempt_per_sli
     with fresh_schema() as url:
         monkeypatch.setenv("TOOLBUS_STORE__URL", url)
         schema = url.split("search_path%3D")[1]
-        settings = lt.ledger_settings(
-            tmp_path,
-            jobs={"max_concurrent": jobs, "max_per_session": jobs, "max_per_user": jobs},
-            limits={"invoke_burst": jobs, "max_inflight_calls": jobs},
-        )
+        settings = lt.jobs_at_once(tmp_path, jobs)
         async with running(settings) as gw, peer(gw, options={"tool_start": "gated"}) as p:
             assert type(gw.store).__name__ == "PgStore"
             gate.outbox = gw.outbox
-            for n in range(jobs):
-                invoke = {"type": "invoke", "call_id": f"b{n}", "tool": "burst_job"}
-                p.ws.protocol.send_text(orjson.dumps(invoke))
-            p.ws.send_data()
+            lt.invoke_in_one_write(p.ws, "burst_job", [f"b{n}" for n in range(jobs)])
             ids = [(await p.terminal(f"b{n}"))["job_id"] for n in range(jobs)]
 
             def failures() -> float:

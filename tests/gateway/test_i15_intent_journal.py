@@ -466,14 +466,11 @@ async def test_a6_a_session_with_ungated_tool_start_finds_it_after_a_crash(
     assert (seen[1]["code"], seen[1]["message"]) == (ErrorCode.CANCELLED, RESTARTED)
 
 
-async def test_a3_an_allowed_call_killed_in_its_handler_stays_allowed(tmp_path: Path) -> None:
-    """SPEC A3, A6, I15: a gated call's ledger row went to the journal at admission
-    and its `tool_start` was committed before it was sent; after the user's `allow` its
-    handler starts only once the approval's outcome is committed too, so the process
-    killed in the handler leaves `allowed` by the user, and the resumed session gets
-    that `tool.resolved`, then `cancelled`; never `denied`."""
-    seen, left = await crash_and_resume(tmp_path, "crash_gated", GATED_ONLY, decide="allow")
-    assert left == []  # the journal alone kept the ledger row
+async def _allowed_then_killed(tmp_path: Path, tool: str) -> list[tuple[str, ...]]:
+    """Call the gated ``tool`` (its handler SIGKILLs the server), allow it, resume on the
+    next server: the session gets `tool_start`, `tool.resolved` `allowed` by the user,
+    then `cancelled`. Returns the call's ledger rows the killed process committed."""
+    seen, left = await crash_and_resume(tmp_path, tool, GATED_ONLY, decide="allow")
     kinds = [(m["type"], m.get("resolution"), m.get("reason")) for m in seen]
     assert kinds == [
         ("tool_start", None, None),
@@ -481,6 +478,17 @@ async def test_a3_an_allowed_call_killed_in_its_handler_stays_allowed(tmp_path: 
         ("call.error", None, None),
     ]
     assert (seen[2]["code"], seen[2]["message"]) == (ErrorCode.CANCELLED, RESTARTED)
+    return left
+
+
+async def test_a3_an_allowed_call_killed_in_its_handler_stays_allowed(tmp_path: Path) -> None:
+    """SPEC A3, A6, I15: a gated call's ledger row went to the journal at admission
+    and its `tool_start` was committed before it was sent; after the user's `allow` its
+    handler starts only once the approval's outcome is committed too, so the process
+    killed in the handler leaves `allowed` by the user, and the resumed session gets
+    that `tool.resolved`, then `cancelled`; never `denied`."""
+    left = await _allowed_then_killed(tmp_path, "crash_gated")
+    assert left == []  # the journal alone kept the ledger row
 
 
 async def test_a3_an_allowed_idempotent_call_killed_in_its_handler_stays_allowed(
@@ -490,14 +498,7 @@ async def test_a3_an_allowed_idempotent_call_killed_in_its_handler_stays_allowed
     before its handler, but the user's decision still is committed first: killed in
     the handler, the resumed session gets `tool.resolved` `allowed` by the user, then
     `cancelled`."""
-    seen, _ = await crash_and_resume(tmp_path, "crash_gated_idempotent", GATED_ONLY, decide="allow")
-    kinds = [(m["type"], m.get("resolution"), m.get("reason")) for m in seen]
-    assert kinds == [
-        ("tool_start", None, None),
-        ("tool.resolved", "allowed", "user"),
-        ("call.error", None, None),
-    ]
-    assert (seen[2]["code"], seen[2]["message"]) == (ErrorCode.CANCELLED, RESTARTED)
+    await _allowed_then_killed(tmp_path, "crash_gated_idempotent")
 
 
 def test_i15_a_key_used_again_after_its_window_is_put_back_over_the_old_row(

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-import orjson
 import pytest
 
 from tests.gateway import ledger_tools as lt
@@ -33,19 +32,12 @@ async def _start_burst(tmp_path: Path) -> tuple[int, list[int], str]:
     queued (one entry per start), and the store's class name."""
     gate = lt.reset()
     gate.expected = JOBS
-    settings = lt.ledger_settings(
-        tmp_path,
-        jobs={"max_concurrent": JOBS, "max_per_session": JOBS, "max_per_user": JOBS},
-        limits={"invoke_burst": JOBS},
-    )
+    settings = lt.jobs_at_once(tmp_path, JOBS)
     async with running(settings) as gw, peer(gw, options={"tool_start": "gated"}) as p:
         gate.outbox = gw.outbox
         with admin() as db:
             before = db.execute(XMAX).fetchone()
-            for n in range(JOBS):
-                invoke = {"type": "invoke", "call_id": f"j{n}", "tool": "held_job"}
-                p.ws.protocol.send_text(orjson.dumps(invoke))
-            p.ws.send_data()  # one write: the server reads every invoke in one turn
+            lt.invoke_in_one_write(p.ws, "held_job", [f"j{n}" for n in range(JOBS)])
             dispatched = [await p.terminal(f"j{n}") for n in range(JOBS)]
             async with asyncio.timeout(WAIT):
                 await gate.all_started.wait()
