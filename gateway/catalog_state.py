@@ -52,8 +52,9 @@ def _mtimes(paths: Sequence[Path]) -> dict[Path, float]:
 
 
 VIEWS = 256
-"""Sets of visible tools whose catalog view :meth:`CatalogState.view` keeps made, per
-catalog (profiles times the visibility scopes in use; past it views are made anew)."""
+"""Sets of visible tools whose catalog version :meth:`CatalogState.view` keeps, per
+catalog (profiles times the visibility scopes in use; past it versions are made
+anew)."""
 
 
 class CatalogState:
@@ -90,9 +91,10 @@ class CatalogState:
         """Mounted MCP server name -> its tools now in the catalog (SPEC M1, M2)."""
         self.on_reload: list[Callable[[], None]] = []
         """Called after a reload swapped the catalog (the MCP mounts reconcile, SPEC M2)."""
-        self._views: dict[tuple[str, ...], tuple[str, tuple[m.ToolInfo, ...]]] = {}
-        """Per set of visible tool names: the catalog's version and its (frozen) tool
-        infos, for :attr:`_views_of` only (:meth:`view`)."""
+        self._infos: dict[str, m.ToolInfo] = {}
+        """Per tool name, its (frozen) tool info in :attr:`_views_of` (:meth:`view`)."""
+        self._versions: dict[tuple[str, ...], str] = {}
+        """Per set of visible tool names, the catalog version (:meth:`view`)."""
         self._views_of: Catalog | None = None
 
     def set_mounted(self, server: str, tools: Mapping[str, ToolDef]) -> None:
@@ -140,21 +142,27 @@ class CatalogState:
         """A session's catalog now: ``(version, tools, names)`` (SPEC C3).
 
         Which tools a session sees is decided for each session (profile, context,
-        origin); what they look like is not: the version hash and the tool infos of a
-        set of tools are made once per catalog (:data:`VIEWS` sets at most), not at
-        every ``hello`` (they were about two thirds of a hello's server time).
+        origin); what they look like is not. Each tool's info is made once per catalog
+        and shared by every session that sees the tool (memory: one copy of the
+        catalog, whatever the scopes clients pick); the version of a set of tools is
+        kept for :data:`VIEWS` sets at most. Both were made at every ``hello`` before,
+        about two thirds of its server time.
         """
         current = self.current
         tools = visible_tools(current, session.profile, Scope(session.context, session.origin))
         names = tuple(tool.name for tool in tools)
         if self._views_of is not current:
-            self._views, self._views_of = {}, current
-        made = self._views.get(names)
-        if made is None:
-            made = catalog_version(tools), tuple(m.ToolInfo(**tool_info(tool)) for tool in tools)
-            if len(self._views) < VIEWS:
-                self._views[names] = made
-        return made[0], list(made[1]), frozenset(names)
+            self._infos, self._versions, self._views_of = {}, {}, current
+        infos = self._infos
+        for tool in tools:
+            if tool.name not in infos:
+                infos[tool.name] = m.ToolInfo(**tool_info(tool))
+        version = self._versions.get(names)
+        if version is None:
+            version = catalog_version(tools)
+            if len(self._versions) < VIEWS:
+                self._versions[names] = version
+        return version, [infos[name] for name in names], frozenset(names)
 
     def push(
         self,

@@ -391,4 +391,8 @@ class SessionTable:
         self._on_end(session)
         self.outbox.flush()
         self.store.delete_session(session.id)
+        # Committed now (a deletion is never journaled): a crash right after a `bye`
+        # must not bring the session back at the next start (SPEC D2). A store that
+        # cannot commit keeps it staged for the next commit (D6).
+        self.outbox.commit()
         logger.info("session %s ended", session.id)

@@ -421,12 +421,15 @@ class SqliteStore(SqliteReads):
 
     def purge(self, now: float, job_retention: float) -> None:
         # Settled first: a session row journaled since the last commit (a resume that
-        # cleared its expires_at) must not be read as the file's older one.
-        cur = self._settled().execute(
-            "SELECT session_id FROM sessions WHERE expires_at IS NOT NULL AND expires_at<?", (now,)
-        )
-        for (session_id,) in list(cur):
-            self.delete_session(session_id)
+        # cleared its expires_at) must not be read as the file's older one. A store
+        # that cannot commit now expires no session this round (the file is behind).
+        with contextlib.suppress(StoreUnavailable):
+            cur = self._settled().execute(
+                "SELECT session_id FROM sessions WHERE expires_at IS NOT NULL AND expires_at<?",
+                (now,),
+            )
+            for (session_id,) in list(cur):
+                self.delete_session(session_id)
         self._batch.purge_before = now - job_retention
         # A store that cannot commit now keeps the purge staged for the next commit.
         with contextlib.suppress(StoreUnavailable):

@@ -3,10 +3,10 @@ S5; issue 13: the version hash and tool infos were two thirds of a `hello`'s ser
 time).
 
 `CatalogState.view` runs the visibility rules for each session (profile, context,
-origin) and keeps, per catalog, the version and the frozen tool infos of each set of
-visible tools. Checked on the demo catalog's real files: sessions that see the same
-tools share one view, a scope that hides a tool gets its own, and a reload that changes
-a tool makes its view anew.
+origin) and keeps, per catalog, one frozen tool info per tool and the version of each
+set of visible tools. Checked on the demo catalog's real files: sessions that see the
+same tools share one view, a scope that shows another tool gets its own version but
+the same infos, and a reload that changes a tool makes its view anew.
 """
 
 from __future__ import annotations
@@ -48,6 +48,10 @@ def test_c3_a_scope_that_shows_another_tool_gets_its_own_view() -> None:
     assert with_project[2] - without[2] == {"project_summary"}
     assert with_project[0] != without[0]
     assert state.view(_session(state, "demo"))[0] == without[0]
+    # One info per tool whatever the scope (found in review: a copy of the whole
+    # catalog per scope let one client pin hundreds of MB with context updates).
+    shared = {info.name: info for info in with_project[1]}
+    assert all(shared[info.name] is info for info in without[1])
 
 
 def test_c3_a_reload_makes_the_views_anew(tmp_path: Path) -> None:

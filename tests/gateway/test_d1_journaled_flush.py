@@ -244,6 +244,62 @@ def test_d2_the_purge_reads_a_session_row_journaled_since_the_commit(tmp_path: P
         store.close()
 
 
+def test_d6_a_purge_while_the_file_is_locked_stays_staged(tmp_path: Path) -> None:
+    """SPEC D6 (found in review): the purge pays the owed commit before it reads; while
+    another connection holds the write lock that fails, and the purge neither raises nor
+    expires a session (the file is behind), but stays staged: once the lock is gone the
+    next commit (here the one a read pays) deletes the job finished before its
+    retention."""
+    db = tmp_path / "toolbus.db"
+    store = SqliteStore(db)
+    try:
+        ended = ("t", "done", "s1", "alice", None, "demo", None, {}, {}, 1.0, 1.0, 2.0)
+        store.stage_job(JobRow("j1", *ended, None, [], None, None))
+        store.commit()
+        store.stage_session(_session("s1"))
+        assert store.journal() is True  # its commit is owed
+        holder = sqlite3.connect(db, isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")
+        try:
+            store.purge(now=10_000.0, job_retention=3600.0)
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        assert store.job("j1") is None  # the read pays the owed commit, the purge in it
+        assert store.load_session("s1") is not None
+    finally:
+        store.close()
+
+
+async def test_d2_a_session_ended_by_bye_stays_ended_after_a_sigkill(tmp_path: Path) -> None:
+    """SPEC D2, S4 (found in review): `bye` ends the session for good. Its deletion is
+    committed at once, so a server killed right after (whose owed commits never come
+    due: the session's row was only journaled) does not bring the session back at the
+    next start, and a resume with its token is not resumed."""
+    settings = lt.ledger_settings(tmp_path)
+    async with (
+        script_server(SERVER_SCRIPT, str(tmp_path)) as first,
+        connect(f"ws://127.0.0.1:{first.port}/", subprotocols=[SUB]) as ws,
+    ):
+        a = Peer(ws)
+        welcome = await a.hello()
+        await a.send({"type": "bye"})
+        await ws.wait_closed()
+        assert ws.close_code == 4001
+        await first.crash()
+    async with (
+        running(settings) as gw,
+        peer(
+            gw,
+            session_id=welcome["session_id"],
+            resume_token=welcome["resume_token"],
+            last_seq=welcome["last_seq"],
+        ) as again,
+    ):
+        assert gw.store.load_session(welcome["session_id"]) is None
+        assert again.welcome["resumed"] is False
+
+
 SESSION_WRITE = ["s", "s1", "h", "alice", "t1", "demo", '{"k":"v"}', '{"o":1}', '["g"]']
 
 KILLED_AFTER_A_HELLO = """
