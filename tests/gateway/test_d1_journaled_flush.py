@@ -33,8 +33,8 @@ from gateway.store_rows import LedgerRow, job_values
 from tests.gateway import ledger_tools as lt
 from tests.gateway.store_faults import LOCKER, checked_peer, resumes_agree, stored_in, until
 from tests.gateway.test_call_ledger import SUB
-from tests.gateway.test_i15_intent_journal import committed_ledger, journaled_writes
-from tests.support import CONVERT, Peer, peer, running, script_server, settings_for
+from tests.gateway.test_i15_intent_journal import committed_ledger, journaled_writes, resumed_on
+from tests.support import CONVERT, Peer, running, script_server, settings_for
 
 CHARGE = {"amount": 100}
 
@@ -287,15 +287,7 @@ async def test_d2_a_session_ended_by_bye_stays_ended_after_a_sigkill(tmp_path: P
         await ws.wait_closed()
         assert ws.close_code == 4001
         await first.crash()
-    async with (
-        running(settings) as gw,
-        peer(
-            gw,
-            session_id=welcome["session_id"],
-            resume_token=welcome["resume_token"],
-            last_seq=welcome["last_seq"],
-        ) as again,
-    ):
+    async with running(settings) as gw, resumed_on(gw, welcome) as again:
         assert gw.store.load_session(welcome["session_id"]) is None
         assert again.welcome["resumed"] is False
 
@@ -674,13 +666,7 @@ async def test_d1_i12_results_sent_from_the_journal_survive_a_sigkill(tmp_path: 
     assert [w[3] for w in journaled_writes(db) if w[0] == "c" and w[2] == "c1"] == ["done"]
     async with (
         running(settings) as gw,
-        peer(
-            gw,
-            session_id=welcome["session_id"],
-            resume_token=welcome["resume_token"],
-            last_seq=welcome["last_seq"],
-            options={"tool_start": "gated"},
-        ) as resumed,
+        resumed_on(gw, welcome, options={"tool_start": "gated"}) as resumed,
     ):
         assert resumed.welcome["resumed"] is True
         assert await resumed.terminal("c1") == sent
