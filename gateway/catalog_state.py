@@ -153,16 +153,18 @@ class CatalogState:
         names = tuple(tool.name for tool in tools)
         if self._views_of is not current:
             self._infos, self._versions, self._views_of = {}, {}, current
-        infos = self._infos
+        shown: list[m.ToolInfo] = []
         for tool in tools:
-            if tool.name not in infos:
-                infos[tool.name] = m.ToolInfo(**tool_info(tool))
+            info = self._infos.get(tool.name)
+            if info is None:
+                info = self._infos[tool.name] = m.ToolInfo(**tool_info(tool))
+            shown.append(info)
         version = self._versions.get(names)
         if version is None:
             version = catalog_version(tools)
             if len(self._versions) < VIEWS:
                 self._versions[names] = version
-        return version, [infos[name] for name in names], frozenset(names)
+        return version, shown, frozenset(names)
 
     def push(
         self,

@@ -199,15 +199,12 @@ class JobRunner:
 
     def _settle_cancelled(self, job: ActiveJob) -> None:
         """Record a cancelled job's end (SPEC J3, J5, J6)."""
-        if job.interrupted and job.row.state == m.JobState.QUEUED:
-            # SPEC J6: it never started. Stored queued, it runs after the restart.
-            return
-        if job.interrupted and not job.started:  # SPEC J6: waited for its start commit
-            self._end.save(job, replace(job.row, state=m.JobState.QUEUED, started_at=None))
-            return
-        if job.interrupted and job.idempotent:
-            # SPEC J5: left queued in the store; the next start runs it again.
-            self._end.save(job, replace(job.row, state=m.JobState.QUEUED, started_at=None))
+        if job.interrupted and (not job.started or job.idempotent):
+            # SPEC J6: it never started (queued, or its start waited for its commit);
+            # J5: an idempotent one may run again. Stored queued, it runs after the
+            # restart.
+            if job.row.state != m.JobState.QUEUED:
+                self._end.save(job, replace(job.row, state=m.JobState.QUEUED, started_at=None))
         elif job.interrupted:
             self._end.failed(job, INTERRUPTED)
         else:

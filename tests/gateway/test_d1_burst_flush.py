@@ -18,7 +18,7 @@ import pytest
 from gateway.outbox import Outbox
 from tests.gateway import ledger_tools as lt
 from tests.gateway.store_faults import until
-from tests.pg_support import admin, fresh_schema
+from tests.pg_support import admin, fresh_schema, store_backend  # noqa: F401 (fixture)
 from tests.support import peer, running
 
 FAILURES = "toolbus_store_commit_failures_total"
@@ -47,26 +47,18 @@ async def _burst(tmp_path: Path) -> tuple[lt.Gate, str]:
     return gate, store
 
 
-async def test_d1_jobs_ending_in_one_turn_leave_in_bursts(tmp_path: Path) -> None:
+async def test_d1_jobs_ending_in_one_turn_leave_in_bursts(
+    tmp_path: Path,
+    store_backend: str,  # noqa: F811
+) -> None:
     """Three bursts' worth of jobs released at once: their handlers run in one turn,
     and each sees the frames of the jobs that ended before it since the last burst's
-    flush, so the queue goes up to `BURST - 1` and never further."""
-    gate, store = await _burst(tmp_path)
-    assert store == "SqliteStore"
-    assert gate.queued == [n % Outbox.BURST for n in range(JOBS)]
-
-
-async def test_n1_on_postgresql_bursts_leave_in_slices_too(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """On PostgreSQL each slice is a commit, a round trip made on the event loop; the
+    flush, so the queue goes up to `BURST - 1` and never further. On PostgreSQL too
+    (SPEC N1), where each slice is a commit, a round trip made on the event loop: the
     slices still beat the turn's one commit of every job's row and event (P5p: p99 13
-    to 15 ms against 106 ms for 1,000 jobs), so the queue never reaches the burst size
-    there either."""
-    with fresh_schema() as url:
-        monkeypatch.setenv("TOOLBUS_STORE__URL", url)
-        gate, store = await _burst(tmp_path)
-    assert store == "PgStore"
+    to 15 ms against 106 ms for 1,000 jobs)."""
+    gate, store = await _burst(tmp_path)
+    assert store == ("SqliteStore" if store_backend == "sqlite" else "PgStore")
     assert gate.queued == [n % Outbox.BURST for n in range(JOBS)]
 
 
