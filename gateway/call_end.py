@@ -26,11 +26,21 @@ from gateway.ledger import CallLedger, deliver
 from gateway.metrics import Metrics
 from gateway.session import Session
 from protocol import messages as m
-from protocol.codec import SERVER_MAX_DEPTH, json_problem, non_finite
+from protocol.codec import (
+    SERVER_MAX_DEPTH,
+    encode_json,
+    encode_result,
+    json_problem,
+    non_finite,
+    non_finite_in,
+)
 from protocol.errors import ErrorCode
 from protocol.outcomes import CallOutcome
 
 logger = logging.getLogger("gateway.pipeline")
+
+_RESULT_FIELDS = frozenset({"result", "declined", "replaced"})
+"""The fields :meth:`CallEnd.finish` may be given with a ``result`` it encodes itself."""
 
 PASS_THROUGH = (asyncio.CancelledError, KeyboardInterrupt, SystemExit)
 """What a handler may raise that does not end its call ``handler_error`` (SPEC I8, I16):
@@ -56,6 +66,8 @@ class Call:
     handed_off: bool = False
     """A draining node handed it, still waiting for approval, to another node (SPEC
     N6): its task ends here without a terminal event; the other node sends it."""
+    frame_budget: int | None = None
+    """:meth:`CallEnd.budget`, once worked out."""
 
 
 class CallEnd:
@@ -84,9 +96,17 @@ class CallEnd:
         65000 fit``, or ``None`` when it fits (or there is no value or no bound)."""
         if self.max_frame is None or value is None:
             return None
-        budget = payload_budget(self.max_frame, call.call_id, call.tool_name)
+        budget = self.budget(call)
         size = oversize(value, budget)
         return None if size is None else f"{what} {size} bytes as JSON; at most {budget} fit"
+
+    def budget(self, call: Call) -> int:
+        """SPEC E2: the largest params or result, in bytes of JSON, that fit this call's
+        frame (:func:`gateway.framesize.payload_budget`), worked out once per call."""
+        if call.frame_budget is None:
+            assert self.max_frame is not None
+            call.frame_budget = payload_budget(self.max_frame, call.call_id, call.tool_name)
+        return call.frame_budget
 
     def error(
         self, call: Call, code: ErrorCode, message: str, outcome: CallOutcome, **fields: Any
@@ -104,7 +124,7 @@ class CallEnd:
         ``call.error`` frame fits the announced ``max_message_bytes``."""
         if self.max_frame is None:
             return message
-        return clip_text(message, payload_budget(self.max_frame, call.call_id, call.tool_name))
+        return clip_text(message, self.budget(call))
 
     def finish(
         self,
@@ -120,19 +140,10 @@ class CallEnd:
             return
         session.done_calls[call.call_id] = None  # before emit: a second finish is refused
         try:
-            too_big = self.too_big(call, fields.get("result"), "result is")
-            if too_big is not None:
-                # SPEC E2: a result frame must fit the max_message_bytes clients were told.
-                raise ValueError(too_big)
-            if too_deep(fields.get("result"), SERVER_MAX_DEPTH - 1):
-                # SPEC I16: a client drops a frame nested past SERVER_MAX_DEPTH levels, and
-                # with it the call's one reply.
-                raise ValueError(f"result is nested deeper than {SERVER_MAX_DEPTH - 1} levels")
-            if non_finite(fields.get("result")):
-                # SPEC I16: orjson would write NaN/Infinity as null and change the data;
-                # json_problem names where it is.
-                raise ValueError("result holds a number JSON cannot carry")
-            body = session.emit(cls(call_id=call.call_id, tool=call.tool_name, **fields))
+            body = self._quick_result(call, fields) if cls is m.Result else None
+            if body is None:
+                self._check_result(call, fields.get("result"))
+                body = session.emit(cls(call_id=call.call_id, tool=call.tool_name, **fields))
         except (TypeError, ValueError) as exc:
             # SPEC I16: emit encodes before it stages, so a value the codec refuses never
             # reaches the log; the call still ends, naming the problem.
@@ -150,6 +161,53 @@ class CallEnd:
         )
         if audit.enabled():
             self._audit(call, outcome, elapsed, fields.get("code"))
+
+    def _quick_result(self, call: Call, fields: dict[str, Any]) -> bytes | None:
+        """Emit a ``result`` whose value is a plain object that passes every check, from
+        its JSON encoded once (SPEC E2, I16, D1); the event's bytes are those
+        :class:`protocol.messages.Result` would give. ``None`` for anything else (a value
+        that is not a ``dict``, that cannot be encoded, is too large or deep or holds a
+        non-finite number, an unexpected field): :meth:`finish` then takes the general
+        path, which names the problem. Nothing is emitted then."""
+        value = fields.get("result")
+        if type(value) is not dict or not _RESULT_FIELDS.issuperset(fields):
+            return None
+        declined = fields.get("declined", False)
+        replaced = fields.get("replaced", False)
+        if type(declined) is not bool or type(replaced) is not bool:
+            return None
+        try:
+            raw = encode_json(value)
+        except TypeError:  # orjson.JSONEncodeError: the general path names the problem
+            return None
+        if self.max_frame is not None and len(raw) > self.budget(call):
+            return None
+        levels = SERVER_MAX_DEPTH - 1
+        # Each level opens a bracket; fewer brackets than levels cannot nest too deep.
+        if raw.count(b"{") + raw.count(b"[") > levels and too_deep(value, levels):
+            return None
+        if non_finite_in(value, raw):
+            return None
+        call_id, tool = call.call_id, call.tool_name
+        return call.session.emit_encoded(
+            lambda seq: encode_result(seq, call_id, tool, raw, declined, replaced)
+        )
+
+    def _check_result(self, call: Call, value: Any) -> None:
+        """SPEC E2, I16: raise :class:`ValueError` naming why ``value`` (a result, or
+        ``None``) cannot be sent."""
+        too_big = self.too_big(call, value, "result is")
+        if too_big is not None:
+            # SPEC E2: a result frame must fit the max_message_bytes clients were told.
+            raise ValueError(too_big)
+        if too_deep(value, SERVER_MAX_DEPTH - 1):
+            # SPEC I16: a client drops a frame nested past SERVER_MAX_DEPTH levels, and
+            # with it the call's one reply.
+            raise ValueError(f"result is nested deeper than {SERVER_MAX_DEPTH - 1} levels")
+        if non_finite(value):
+            # SPEC I16: orjson would write NaN/Infinity as null and change the data;
+            # json_problem names where it is.
+            raise ValueError("result holds a number JSON cannot carry")
 
     def _audit(self, call: Call, outcome: CallOutcome, elapsed: float, code: Any) -> None:
         """SPEC I11: one audit record per call, sensitive params redacted."""

@@ -14,6 +14,7 @@ import logging
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from pydantic import BaseModel
@@ -118,8 +119,14 @@ class Session:
         Raises:
             TypeError: a value the codec cannot encode (SPEC I16); nothing is staged.
         """
+        return self.emit_encoded(partial(encode_event, event))
+
+    def emit_encoded(self, encode_at: Callable[[int], bytes]) -> bytes:
+        """:meth:`emit` of an event given as ``encode_at(seq)``, its bytes under a ``seq``
+        (e.g. :func:`protocol.codec.encode_result` of a value encoded once); same log,
+        same queue, same errors (SPEC D1)."""
         seq = self.last_seq + 1
-        data = encode_event(event, seq)
+        data = encode_at(seq)
         if self.ended:
             return data
         self.last_seq = seq

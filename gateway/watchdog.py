@@ -23,8 +23,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Coroutine, Iterator
-from contextlib import contextmanager
+from collections.abc import Coroutine
 from types import FrameType
 from typing import Any
 
@@ -36,21 +35,28 @@ _RUNNING: dict[FrameType, tuple[str, str, str]] = {}
 """Frame of each coroutine handler now running -> (tool, session_id, call_id)."""
 
 
-@contextmanager
-def track(
-    coro: Coroutine[Any, Any, Any], tool: str, session_id: str, call_id: str
-) -> Iterator[None]:
+class track:
     """Mark ``coro`` (a handler's coroutine, not yet awaited) as ``tool``'s for as long as
-    the block runs, so a stall inside it is blamed on that tool (SPEC E3)."""
-    frame = getattr(coro, "cr_frame", None)
-    if frame is None:
-        yield
-        return
-    _RUNNING[frame] = (tool, session_id, call_id)
-    try:
-        yield
-    finally:
-        _RUNNING.pop(frame, None)
+    the block runs, so a stall inside it is blamed on that tool (SPEC E3).
+
+    Lower-case as it is used like a function. A class rather than a ``@contextmanager``
+    generator: it is entered on every call of an ``async def`` handler (issue 13)."""
+
+    __slots__ = ("_frame", "_owner")
+
+    def __init__(
+        self, coro: Coroutine[Any, Any, Any], tool: str, session_id: str, call_id: str
+    ) -> None:
+        self._frame: FrameType | None = getattr(coro, "cr_frame", None)
+        self._owner = (tool, session_id, call_id)
+
+    def __enter__(self) -> None:
+        if self._frame is not None:
+            _RUNNING[self._frame] = self._owner
+
+    def __exit__(self, *exc: object) -> None:
+        if self._frame is not None:
+            _RUNNING.pop(self._frame, None)
 
 
 def blame(frame: FrameType | None) -> tuple[str, str, str] | None:

@@ -93,6 +93,42 @@ def encode_event(event: DurableEvent, seq: int) -> bytes:
     return orjson.dumps(fields)
 
 
+def encode_result(
+    seq: int,
+    call_id: str,
+    tool: str,
+    result: bytes,
+    declined: bool = False,
+    replaced: bool = False,
+) -> bytes:
+    """The bytes of a ``result`` event (SPEC I8, D1) from its value's JSON already made.
+
+    Args:
+        seq: the event's number in its session's log, >= 1.
+        call_id, tool: the call's.
+        result: :func:`encode_json` of the result object (a ``dict`` with ``str`` keys),
+            spliced in as it is: the gateway encodes a handler's value once, to check its
+            size, depth and numbers (SPEC E2, I16), and sends those very bytes.
+        declined, replaced: the event's flags.
+
+    Returns:
+        The same bytes as :func:`encode_event` of
+        ``Result(call_id=..., tool=..., result=..., declined=..., replaced=...)``
+        under ``seq`` (same keys, same order; ``tests/protocol`` pins it).
+    """
+    return orjson.dumps(
+        {
+            "type": "result",
+            "seq": seq,
+            "call_id": call_id,
+            "tool": tool,
+            "result": orjson.Fragment(result),
+            "declined": declined,
+            "replaced": replaced,
+        }
+    )
+
+
 def encode_json(value: Any) -> bytes:
     """Serialize a plain JSON value (used for stored payloads and HTTP bodies)."""
     return orjson.dumps(value)
@@ -166,9 +202,15 @@ def non_finite(value: Any) -> bool:
     another reason is left to the encoder, which names that problem (``False``).
     """
     try:
-        if b"null" not in orjson.dumps(value):
-            return False
+        return non_finite_in(value, orjson.dumps(value))
     except TypeError:  # orjson.JSONEncodeError
+        return False
+
+
+def non_finite_in(value: Any, encoded: bytes) -> bool:
+    """:func:`non_finite` for a value whose JSON (:func:`encode_json`) is at hand: only
+    a value whose JSON holds ``null`` is walked (SPEC I16)."""
+    if b"null" not in encoded:
         return False
     stack = [value]
     seen: set[int] = set()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 from golden_messages import SERVER_GOLDEN
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from protocol import codec
@@ -11,6 +13,15 @@ from protocol import messages as m
 from protocol.errors import DecodeError, ErrorCode
 from protocol.jsonschema import message_schemas
 
+JSON_VALUES = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**63 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner),
+    max_leaves=8,
+)
 DURABLE_GOLDEN = [(msg, raw) for msg, raw in SERVER_GOLDEN if isinstance(msg, m.DURABLE_TYPES)]
 
 
@@ -67,3 +78,29 @@ def test_schema_requires_seq_without_default() -> None:
         schema = schemas[m.type_name(model)]
         assert schema["required"][:2] == ["type", "seq"]
         assert schema["properties"]["seq"] == {"minimum": 1, "title": "Seq", "type": "integer"}
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    result=st.dictionaries(st.text(max_size=6), JSON_VALUES, max_size=4),
+    seq=st.integers(min_value=1, max_value=2**63 - 1),
+    call_id=st.text(min_size=1, max_size=8),
+    tool=st.text(min_size=1, max_size=8),
+    declined=st.booleans(),
+    replaced=st.booleans(),
+)
+def test_encode_result_gives_the_bytes_of_the_result_model(
+    result: dict[str, object],
+    seq: int,
+    call_id: str,
+    tool: str,
+    declined: bool,
+    replaced: bool,
+) -> None:
+    """SPEC D1, I8: the gateway's one-encode path of a ``result`` (the value's JSON made
+    once, spliced into the frame) gives exactly the bytes of the ``Result`` model."""
+    event = m.Result(
+        call_id=call_id, tool=tool, result=result, declined=declined, replaced=replaced
+    )
+    spliced = codec.encode_result(seq, call_id, tool, codec.encode_json(result), declined, replaced)
+    assert spliced == codec.encode_event(event, seq)
