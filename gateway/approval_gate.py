@@ -54,8 +54,21 @@ class ApprovalGate:
             return False
         return tool.requires_approval or session.confirm_tool_calls
 
+    def ungated(self, call: Call, tool: ToolDef) -> bool:
+        """SPEC I7, A1, A6: ``True`` when the call needs no approval, its ``tool_start``
+        emitted if the session asked for ungated ones; ``False`` (nothing done) when it
+        does: then :meth:`approved` waits for the decision. Not a coroutine: the
+        common case costs no coroutine on every call."""
+        session = call.session
+        if self.needs_approval(session, tool):
+            return False
+        if session.ungated_tool_start:
+            session.emit(m.ToolStart(call_id=call.call_id, tool=tool.name, params=call.params))
+        return True
+
     async def approved(self, call: Call, tool: ToolDef) -> bool:
-        """SPEC I7, A1-A6: ``tool_start``, and when gated, wait for the decision.
+        """SPEC I7, A1-A6: ``tool_start``, and when gated, wait for the decision
+        (:meth:`ungated` first, so a caller that asked it may skip this).
 
         Returns:
             ``True`` when the call may go on; ``False`` when it ended here (too many
@@ -66,9 +79,7 @@ class ApprovalGate:
                 is settled denied ``cancelled`` first and ``tool.resolved`` emitted.
         """
         session = call.session
-        if not self.needs_approval(session, tool):
-            if session.ungated_tool_start:
-                session.emit(m.ToolStart(call_id=call.call_id, tool=tool.name, params=call.params))
+        if self.ungated(call, tool):
             return True
         if len(session.pending_approvals) >= self.limits.max_pending_approvals:
             self.end.error(

@@ -201,8 +201,11 @@ class Execution:
         assert tool.func is not None
         limit = self._run_timeout(tool)
         decided = call.approval is not None
-        if (decided or not tool.idempotent) and not await self.ledger.durable(
-            call.session, call.call_id, decided
+        session, call_id = call.session, call.call_id
+        if (
+            (decided or not tool.idempotent)
+            and not self.ledger.durable_now(session, call_id, decided)
+            and not await self.ledger.durable(session, call_id, decided)
         ):
             # SPEC I15, D6: the ledger's "running" row must be durable before a handler
             # with side effects starts, or a crash could make a re-send run it again;
@@ -215,7 +218,9 @@ class Execution:
             if tool.promote_after is None:
                 # Awaited in this task: a handler that answers at once costs no extra
                 # loop turn, so tool_start and result share one commit (SPEC D1).
-                value = await self._timed(tool.func, call.params, ctx, limit)
+                value = await run_handler(
+                    tool.func, call.params, ctx, self.pool, limit, wait=self.calls.thread_wait
+                )
             else:
                 # SPEC I14, J5: the handler gets its own copy of the arguments; the job
                 # a promotion creates stores the ones the call was given.

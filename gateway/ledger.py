@@ -180,15 +180,20 @@ class CallLedger:
         the client instead of two (issue 13, P7). A lone call commits as often as it
         would at the flush; a turn with many pays at most one commit more.
         Otherwise the call joins the group commit (one loop turn, no extra write)."""
-        ungated = session.ungated_tool_start
+        if self.durable_now(session, call_id, decided):
+            return True
+        return await session.outbox.durable(session.ungated_tool_start or decided)
+
+    def durable_now(self, session: Session, call_id: str, decided: bool) -> bool:
+        """The no-wait case of :meth:`durable`, without a coroutine: ``True`` when the
+        call's ``running`` rows already survive a crash and nothing else must be
+        committed before its handler; ``False`` when :meth:`durable` must wait."""
         # A session that gets ungated tool_start must find it in its log after a crash
         # (SPEC A6: every started tool emits one): only the commit keeps it. The store
         # itself says no while its last commit attempt (any, a purge's too) failed (D6).
-        if not (ungated or decided) and self._store.running_durable(
+        return not (session.ungated_tool_start or decided) and self._store.running_durable(
             principal_key(session, call_id)
-        ):
-            return True
-        return await session.outbox.durable(ungated or decided)
+        )
 
     def finish(self, session: Session, call_id: str, body: bytes) -> list[Session]:
         """Record the call's terminal event; returns the sessions to deliver it to
