@@ -107,6 +107,7 @@ class Admission:
             self._refuse(session, msg, ErrorCode.RATE_LIMITED, "invoke rate limit reached")
             return None
         call = Call(session, call_id, msg.tool, params, time.perf_counter())
+        call.params_size = check.params_size
         session.store.stage_call(session.id, call_id, "running", encode_json({"tool": msg.tool}))
         self.ledger.open(session, call_id, msg.tool, check.params_hash, journal=True)
         return call
@@ -223,7 +224,7 @@ class CallChecks:
     def _valid(self, call: Call, tool: ToolDef) -> bool:
         """SPEC I4, E2: the params match the tool's schema and fit the frame."""
         violations = self.catalog.validators[tool.name].validate(call.params)
-        too_big = None if violations else self.end.too_big(call, call.params, "params are")
+        too_big = None if violations else self.end.params_too_big(call)
         if too_big is not None:
             # SPEC E2: tool_start echoes the params; they must fit the announced frame size.
             violations = [Violation("", too_big, "maxBytes")]

@@ -68,6 +68,9 @@ class Call:
     N6): its task ends here without a terminal event; the other node sends it."""
     frame_budget: int | None = None
     """:meth:`CallEnd.budget`, once worked out."""
+    params_size: int | None = None
+    """Bytes of ``params`` as JSON when admission knows them (the I15 hash is made of
+    the same length); ``None``: not known, encoded when asked."""
 
 
 class CallEnd:
@@ -99,6 +102,15 @@ class CallEnd:
         budget = self.budget(call)
         size = oversize(value, budget)
         return None if size is None else f"{what} {size} bytes as JSON; at most {budget} fit"
+
+    def params_too_big(self, call: Call) -> str | None:
+        """:meth:`too_big` for the call's params (SPEC E2): ``tool_start`` echoes them.
+        Their size comes from admission when it has it (no second encoding)."""
+        size = call.params_size
+        if size is None or self.max_frame is None:
+            return self.too_big(call, call.params, "params are")
+        budget = self.budget(call)
+        return None if size <= budget else f"params are {size} bytes as JSON; at most {budget} fit"
 
     def budget(self, call: Call) -> int:
         """SPEC E2: the largest params or result, in bytes of JSON, that fit this call's
@@ -221,7 +233,9 @@ class CallEnd:
             session=session.id,
             call_id=call.call_id,
             duration_ms=round(elapsed * 1000, 3),
-            params=audit.redact(call.params, sensitive, self.calls.audit_param_bytes),
+            params=audit.redact(
+                call.params, sensitive, self.calls.audit_param_bytes, call.params_size
+            ),
             approval=call.approval,
             job_id=call.job_id,
             code=code,

@@ -214,18 +214,20 @@ class Execution:
             self.end.error(call, ErrorCode.UNAVAILABLE, text, CallOutcome.UNAVAILABLE)
             return
         call.executing = True
+        # SPEC E3: the limit counts from the handler's start; the wait for a worker
+        # thread is bounded by calls.thread_wait (then ``busy``, never started).
+        wait = self.calls.thread_wait
         try:
             if tool.promote_after is None:
                 # Awaited in this task: a handler that answers at once costs no extra
                 # loop turn, so tool_start and result share one commit (SPEC D1).
-                value = await run_handler(
-                    tool.func, call.params, ctx, self.pool, limit, wait=self.calls.thread_wait
-                )
+                value = await run_handler(tool.func, call.params, ctx, self.pool, limit, wait=wait)
             else:
                 # SPEC I14, J5: the handler gets its own copy of the arguments; the job
                 # a promotion creates stores the ones the call was given.
                 own = decode_json(encode_json(call.params))
-                work = asyncio.ensure_future(self._timed(tool.func, own, ctx, limit))
+                handler = run_handler(tool.func, own, ctx, self.pool, limit, wait=wait)
+                work = asyncio.ensure_future(handler)
                 try:
                     done, _ = await asyncio.wait({work}, timeout=tool.promote_after)
                 except asyncio.CancelledError:
@@ -258,13 +260,6 @@ class Execution:
     def _run_timeout(self, tool: ToolDef) -> float | None:
         limit = self.calls.default_timeout if tool.timeout is None else tool.timeout
         return None if tool.long_running else (limit or None)
-
-    async def _timed(
-        self, func: Any, params: dict[str, Any], ctx: ToolContext, limit: float | None
-    ) -> Any:
-        # SPEC E3: the limit counts from the handler's start; the wait for a worker
-        # thread is bounded by calls.thread_wait (then ``busy``, never started).
-        return await run_handler(func, params, ctx, self.pool, limit, wait=self.calls.thread_wait)
 
     def _promote(
         self, call: Call, tool: ToolDef, ctx: ToolContext, info: CallInfo, work: asyncio.Future[Any]

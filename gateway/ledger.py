@@ -61,11 +61,15 @@ class Verdict(Enum):
 
 @dataclass(frozen=True, slots=True)
 class Check:
-    """The ledger's answer about one ``invoke``; ``outcome`` is set for ``RECORDED``."""
+    """The ledger's answer about one ``invoke``; ``outcome`` is set for ``RECORDED``,
+    ``params_size`` for ``NEW``: the bytes of the params' JSON, as the server encodes them
+    (the canonical JSON the hash is made of has the same length), so the call's later
+    checks need not encode them again (SPEC E2, I11)."""
 
     verdict: Verdict
     params_hash: str
     outcome: bytes | None = None
+    params_size: int | None = None
 
 
 @dataclass(slots=True, eq=False)
@@ -111,7 +115,8 @@ class CallLedger:
         for a call id the session itself is not running and has no record of (those
         are SPEC I12's: ``duplicate_call`` and the session's recorded event).
         """
-        digest = params_hash(params)
+        canonical = canonical_json(params)
+        digest = hashlib.sha256(canonical).hexdigest()
         key = principal_key(session, call_id)
         live = self._live.get(key)
         if live is not None:
@@ -123,7 +128,7 @@ class CallLedger:
             return Check(Verdict.ATTACHED, digest)
         row = self._store.ledger(*key)
         if row is None or row.created_at < self._clock() - self.window:
-            return Check(Verdict.NEW, digest)
+            return Check(Verdict.NEW, digest, params_size=len(canonical))
         if (row.tool, row.params_hash) != (tool, digest):
             return Check(Verdict.CONFLICT, digest)
         if row.state != "done" or row.outcome is None:
