@@ -20,22 +20,13 @@ audit_logger = logging.getLogger("toolbus.audit")
 MASK = "***"
 
 
-def redact(
-    params: Mapping[str, Any], sensitive: Sequence[str], limit: int, size: int | None = None
-) -> Any:
+def redact(params: Mapping[str, Any], sensitive: Sequence[str], limit: int) -> Any:
     """Mask ``sensitive`` top-level keys, then cut the JSON to ``limit`` bytes.
-
-    ``size``, when given, is the bytes of the JSON of ``params`` (known at admission): a
-    call with no sensitive key among its params and params within ``limit`` then gets
-    ``params`` back as they are, with no copy and no encoding (the common case, on
-    every call).
 
     Returns:
         The masked object when its JSON fits in ``limit`` bytes, else a string holding
         the first ``limit`` bytes of that JSON followed by ``...``.
     """
-    if size is not None and size <= limit and not any(k in params for k in sensitive):
-        return params
     masked = {k: (MASK if k in sensitive else v) for k, v in params.items()}
     raw = encode_json(masked)
     if len(raw) <= limit:

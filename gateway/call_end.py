@@ -28,7 +28,7 @@ from gateway.session import Session
 from protocol import messages as m
 from protocol.codec import (
     SERVER_MAX_DEPTH,
-    encode_json,
+    encode_plain_json,
     encode_result,
     json_problem,
     non_finite,
@@ -70,7 +70,8 @@ class Call:
     """:meth:`CallEnd.budget`, once worked out."""
     params_size: int | None = None
     """Bytes of ``params`` as JSON when admission knows them (the I15 hash is made of
-    the same length); ``None``: not known, encoded when asked."""
+    the same length); ``None``: not known, encoded when asked. Only for checks made
+    before the handler runs: a handler may change its params."""
 
 
 class CallEnd:
@@ -178,9 +179,9 @@ class CallEnd:
         """Emit a ``result`` whose value is a plain object that passes every check, from
         its JSON encoded once (SPEC E2, I16, D1); the event's bytes are those
         :class:`protocol.messages.Result` would give. ``None`` for anything else (a value
-        that is not a ``dict``, that cannot be encoded, is too large or deep or holds a
-        non-finite number, an unexpected field): :meth:`finish` then takes the general
-        path, which names the problem. Nothing is emitted then."""
+        that is not a ``dict``, that holds a dataclass or cannot be encoded, is too large
+        or deep or holds a non-finite number, an unexpected field): :meth:`finish` then
+        takes the general path, which names the problem. Nothing is emitted then."""
         value = fields.get("result")
         if type(value) is not dict or not _RESULT_FIELDS.issuperset(fields):
             return None
@@ -189,8 +190,8 @@ class CallEnd:
         if type(declined) is not bool or type(replaced) is not bool:
             return None
         try:
-            raw = encode_json(value)
-        except TypeError:  # orjson.JSONEncodeError: the general path names the problem
+            raw = encode_plain_json(value)
+        except TypeError:  # a dataclass, or a value the general path names the problem of
             return None
         if self.max_frame is not None and len(raw) > self.budget(call):
             return None
@@ -233,9 +234,7 @@ class CallEnd:
             session=session.id,
             call_id=call.call_id,
             duration_ms=round(elapsed * 1000, 3),
-            params=audit.redact(
-                call.params, sensitive, self.calls.audit_param_bytes, call.params_size
-            ),
+            params=audit.redact(call.params, sensitive, self.calls.audit_param_bytes),
             approval=call.approval,
             job_id=call.job_id,
             code=code,

@@ -63,8 +63,8 @@ class Verdict(Enum):
 class Check:
     """The ledger's answer about one ``invoke``; ``outcome`` is set for ``RECORDED``,
     ``params_size`` for ``NEW``: the bytes of the params' JSON, as the server encodes them
-    (the canonical JSON the hash is made of has the same length), so the call's later
-    checks need not encode them again (SPEC E2, I11)."""
+    (the canonical JSON the hash is made of has the same length), so the E2 check need
+    not encode them again (SPEC E2)."""
 
     verdict: Verdict
     params_hash: str

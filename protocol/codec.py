@@ -106,7 +106,8 @@ def encode_result(
     Args:
         seq: the event's number in its session's log, >= 1.
         call_id, tool: the call's.
-        result: :func:`encode_json` of the result object (a ``dict`` with ``str`` keys),
+        result: :func:`encode_plain_json` of the result object (a ``dict`` with ``str``
+            keys),
             spliced in as it is: the gateway encodes a handler's value once, to check its
             size, depth and numbers (SPEC E2, I16), and sends those very bytes.
         declined, replaced: the event's flags.
@@ -127,6 +128,19 @@ def encode_result(
             "replaced": replaced,
         }
     )
+
+
+def encode_plain_json(value: Any) -> bytes:
+    """:func:`encode_json`, refusing a dataclass anywhere in ``value``.
+
+    pydantic dumps a dataclass by its declared fields; orjson by its instance attributes,
+    leaving out names that start with ``_``. Bytes meant to equal a model's (SPEC D1:
+    :func:`encode_result`) must not depend on which one ran.
+
+    Raises:
+        TypeError: a dataclass, or any value orjson cannot encode.
+    """
+    return orjson.dumps(value, option=orjson.OPT_PASSTHROUGH_DATACLASS)
 
 
 def encode_json(value: Any) -> bytes:

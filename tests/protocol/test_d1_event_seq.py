@@ -102,5 +102,7 @@ def test_encode_result_gives_the_bytes_of_the_result_model(
     event = m.Result(
         call_id=call_id, tool=tool, result=result, declined=declined, replaced=replaced
     )
-    spliced = codec.encode_result(seq, call_id, tool, codec.encode_json(result), declined, replaced)
+    spliced = codec.encode_result(
+        seq, call_id, tool, codec.encode_plain_json(result), declined, replaced
+    )
     assert spliced == codec.encode_event(event, seq)
