@@ -199,6 +199,20 @@ def start_node(name: str, tmp: Path, store_url: str | None, database: str | None
     return _launch(name, cmd, env, data, database)
 
 
+def sqlite_and_pg(
+    stack: contextlib.ExitStack, tmp: Path, prefix: str, store_url: str, database: str
+) -> dict[str, Gateway]:
+    """One node on SQLite and one on the PostgreSQL ``database`` at ``store_url``, named
+    ``{prefix}sqlite`` and ``{prefix}pg``, each stopped when ``stack`` closes."""
+    gateways = {
+        "sqlite": start_node(f"{prefix}sqlite", tmp, None, None),
+        "pg": start_node(f"{prefix}pg", tmp, store_url, database),
+    }
+    for gateway in gateways.values():
+        stack.callback(gateway.stop)
+    return gateways
+
+
 def start_workers(name: str, tmp: Path, store_url: str, database: str, n: int) -> Gateway:
     """``toolbus serve --workers n`` with the bench gateway's configuration."""
     data = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=tmp))
@@ -236,12 +250,7 @@ def p8(bench: Any) -> list[dict[str, Any]]:
     with contextlib.ExitStack() as stack:
         name1, url1 = stack.enter_context(fresh_database())
         name2, url2 = stack.enter_context(fresh_database())
-        gws = {
-            "sqlite": start_node("sqlite", bench.tmp, None, None),
-            "pg": start_node("pg", bench.tmp, url1, name1),
-        }
-        for g in gws.values():
-            stack.callback(g.stop)
+        gws = sqlite_and_pg(stack, bench.tmp, "", url1, name1)
         gws["pg_workers"] = start_workers("pg_workers", bench.tmp, url2, name2, 2)
         stack.callback(gws["pg_workers"].stop)
         for r in range(plan.p8_rounds):
@@ -542,12 +551,7 @@ def p5p(bench: Any) -> list[dict[str, Any]]:
     }
     with contextlib.ExitStack() as stack:
         name, url = stack.enter_context(fresh_database())
-        gateways = {
-            "sqlite": start_node("p5_sqlite", bench.tmp, None, None),
-            "pg": start_node("p5_pg", bench.tmp, url, name),
-        }
-        for gateway in gateways.values():
-            stack.callback(gateway.stop)
+        gateways = sqlite_and_pg(stack, bench.tmp, "p5_", url, name)
         for r in range(plan.p5_rounds):
             for kind in ("sqlite", "pg") if r % 2 == 0 else ("pg", "sqlite"):
                 sizes = (plan.p5_sessions, plan.p5_per_session, plan.p5_lead)
