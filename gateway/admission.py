@@ -224,7 +224,8 @@ class CallChecks:
     def _valid(self, call: Call, tool: ToolDef) -> bool:
         """SPEC I4, E2: the params match the tool's schema and fit the frame."""
         violations = self.catalog.validators[tool.name].validate(call.params)
-        too_big = None if violations else self.end.params_too_big(call)
+        size = call.params_size
+        too_big = None if violations else self.end.too_big(call, call.params, "params are", size)
         if too_big is not None:
             # SPEC E2: tool_start echoes the params; they must fit the announced frame size.
             violations = [Violation("", too_big, "maxBytes")]

@@ -67,8 +67,8 @@ class ApprovalGate:
         return True
 
     async def approved(self, call: Call, tool: ToolDef) -> bool:
-        """SPEC I7, A1-A6: ``tool_start``, and when gated, wait for the decision
-        (:meth:`ungated` first, so a caller that asked it may skip this).
+        """SPEC I7, A1-A6: for a call :meth:`ungated` found gated, ``tool_start`` with its
+        ``approval_id``, then wait for the decision.
 
         Returns:
             ``True`` when the call may go on; ``False`` when it ended here (too many
@@ -79,8 +79,6 @@ class ApprovalGate:
                 is settled denied ``cancelled`` first and ``tool.resolved`` emitted.
         """
         session = call.session
-        if self.ungated(call, tool):
-            return True
         if len(session.pending_approvals) >= self.limits.max_pending_approvals:
             self.end.error(
                 call,

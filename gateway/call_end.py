@@ -94,24 +94,21 @@ class CallEnd:
         self.calls = calls
         self.max_frame = max_frame
 
-    def too_big(self, call: Call, value: Any, what: str) -> str | None:
+    def too_big(self, call: Call, value: Any, what: str, size: int | None = None) -> str | None:
         """SPEC E2: why ``value`` (params or result) would not fit in this call's
         ``tool_start``/``result`` frame, e.g. ``params are 70000 bytes as JSON; at most
-        65000 fit``, or ``None`` when it fits (or there is no value or no bound)."""
+        65000 fit``, or ``None`` when it fits (or there is no value or no bound).
+
+        ``size``: the bytes of ``value``'s JSON when the caller knows them (admission
+        does, for the params); ``None``: encoded here."""
         if self.max_frame is None or value is None:
             return None
         budget = self.budget(call)
-        size = oversize(value, budget)
+        if size is None:
+            size = oversize(value, budget)
+        elif size <= budget:
+            size = None
         return None if size is None else f"{what} {size} bytes as JSON; at most {budget} fit"
-
-    def params_too_big(self, call: Call) -> str | None:
-        """:meth:`too_big` for the call's params (SPEC E2): ``tool_start`` echoes them.
-        Their size comes from admission when it has it (no second encoding)."""
-        size = call.params_size
-        if size is None or self.max_frame is None:
-            return self.too_big(call, call.params, "params are")
-        budget = self.budget(call)
-        return None if size <= budget else f"params are {size} bytes as JSON; at most {budget} fit"
 
     def budget(self, call: Call) -> int:
         """SPEC E2: the largest params or result, in bytes of JSON, that fit this call's

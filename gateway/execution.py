@@ -205,7 +205,7 @@ class Execution:
         if (
             (decided or not tool.idempotent)
             and not self.ledger.durable_now(session, call_id, decided)
-            and not await self.ledger.durable(session, call_id, decided)
+            and not await self.ledger.durable(session, decided)
         ):
             # SPEC I15, D6: the ledger's "running" row must be durable before a handler
             # with side effects starts, or a crash could make a re-send run it again;

@@ -162,43 +162,47 @@ class CallLedger:
         if journal and not session.ungated_tool_start:
             self._store.keep_intent(session.id, call_id, key)
 
-    async def durable(self, session: Session, call_id: str, decided: bool) -> bool:
-        """SPEC I15, D6: make the call's ``running`` rows durable before its handler
-        starts; ``False`` when they could not be (the handler must not start).
+    def durable_now(self, session: Session, call_id: str, decided: bool) -> bool:
+        """SPEC I15, D6: whether the call's handler may start with no wait: ``True`` when
+        nothing but its ``running`` rows must be durable (no approval was decided, the
+        session does not get ungated ``tool_start``) and the store says they already
+        are (:meth:`Store.running_durable <gateway.store.Store.running_durable>`:
+        journaled at admission, or committed since). ``False``: :meth:`durable` first.
+        Not a coroutine: the common case costs none on every call.
 
         Args:
             session: the call's session.
             call_id: the call.
             decided: the call waited for an approval; its outcome, staged since, must be
                 committed before the handler (SPEC A3).
-
-        No wait when nothing but the rows must be durable (no approval was decided, the
-        session does not get ungated ``tool_start``) and the store says they already
-        are (:meth:`Store.running_durable <gateway.store.Store.running_durable>`:
-        journaled at admission, or committed since). Otherwise (PostgreSQL, no journal
-        or a failed append, a decided approval, a session that gets its ``tool_start``,
-        commits failing) they ride the tick's group commit (:meth:`Outbox.durable
-        <gateway.outbox.Outbox.durable>`). A call whose approval was just decided, or
-        whose session gets its ``tool_start``, commits at once when first in its tick:
-        the handler runs in this turn, so its ``result`` leaves in the same write as
-        ``tool_start`` (or as ``confirm.result`` and ``tool.resolved``), one wake-up of
-        the client instead of two (issue 13, P7). A lone call commits as often as it
-        would at the flush; a turn with many pays at most one commit more.
-        Otherwise the call joins the group commit (one loop turn, no extra write)."""
-        if self.durable_now(session, call_id, decided):
-            return True
-        return await session.outbox.durable(session.ungated_tool_start or decided)
-
-    def durable_now(self, session: Session, call_id: str, decided: bool) -> bool:
-        """The no-wait case of :meth:`durable`, without a coroutine: ``True`` when the
-        call's ``running`` rows already survive a crash and nothing else must be
-        committed before its handler; ``False`` when :meth:`durable` must wait."""
+        """
         # A session that gets ungated tool_start must find it in its log after a crash
         # (SPEC A6: every started tool emits one): only the commit keeps it. The store
         # itself says no while its last commit attempt (any, a purge's too) failed (D6).
         return not (session.ungated_tool_start or decided) and self._store.running_durable(
             principal_key(session, call_id)
         )
+
+    async def durable(self, session: Session, decided: bool) -> bool:
+        """SPEC I15, D6: for a call :meth:`durable_now` said must wait, make its
+        ``running`` rows (and a decided approval's outcome) durable before its handler
+        starts; ``False`` when they could not be (the handler must not start).
+
+        Args:
+            session: the call's session.
+            decided: as for :meth:`durable_now`.
+
+        The rows (PostgreSQL, no journal or a failed append, a decided approval, a
+        session that gets its ``tool_start``, commits failing) ride the tick's group
+        commit (:meth:`Outbox.durable <gateway.outbox.Outbox.durable>`). A call whose
+        approval was just decided, or
+        whose session gets its ``tool_start``, commits at once when first in its tick:
+        the handler runs in this turn, so its ``result`` leaves in the same write as
+        ``tool_start`` (or as ``confirm.result`` and ``tool.resolved``), one wake-up of
+        the client instead of two (issue 13, P7). A lone call commits as often as it
+        would at the flush; a turn with many pays at most one commit more.
+        Otherwise the call joins the group commit (one loop turn, no extra write)."""
+        return await session.outbox.durable(session.ungated_tool_start or decided)
 
     def finish(self, session: Session, call_id: str, body: bytes) -> list[Session]:
         """Record the call's terminal event; returns the sessions to deliver it to

@@ -89,7 +89,7 @@ def test_schema_requires_seq_without_default() -> None:
     declined=st.booleans(),
     replaced=st.booleans(),
 )
-def test_encode_result_gives_the_bytes_of_the_result_model(
+def test_d1_encode_result_gives_the_bytes_of_the_result_model(
     result: dict[str, object],
     seq: int,
     call_id: str,
