@@ -150,3 +150,55 @@ async def test_i8_cancelling_a_handler_sets_ctx_cancelled_and_propagates() -> No
         release.set()
     finally:
         pool.close()
+
+
+async def test_i8_a_handler_that_answers_at_once_arms_no_timer() -> None:
+    """SPEC I8 (issue 13): a handler that returns without suspending runs under its limit
+    with no timer handle scheduled, and its value comes back."""
+
+    async def quick(params: dict[str, Any], c: ToolContext) -> dict[str, Any]:
+        return {"echo": params["x"], "task": asyncio.current_task()}
+
+    loop = asyncio.get_running_loop()
+    pool = Lane("calls", 1, 1, 1, None)
+    try:
+        scheduled = len(loop._scheduled)  # type: ignore[attr-defined]
+        value = await run_handler(quick, {"x": 7}, ctx(), pool, 5.0)
+        assert len(loop._scheduled) == scheduled  # type: ignore[attr-defined]
+        assert value == {"echo": 7, "task": asyncio.current_task()}
+    finally:
+        pool.close()
+
+
+async def test_i8_a_handler_that_suspends_still_times_out_and_answers() -> None:
+    """SPEC I8: after its first step a suspending handler goes on under its limit: past
+    it, TimeoutError and ctx.cancelled; within it, the value, with every await's result
+    and exception passed through (the eager first step changes nothing it sees)."""
+    pool = Lane("calls", 1, 1, 1, None)
+    seen: list[Any] = []
+
+    async def slow(params: dict[str, Any], c: ToolContext) -> None:
+        await asyncio.Event().wait()
+
+    async def chatty(params: dict[str, Any], c: ToolContext) -> str:
+        fut = asyncio.get_running_loop().create_future()
+        asyncio.get_running_loop().call_soon(fut.set_result, "first")
+        seen.append(await fut)
+        await asyncio.sleep(0)  # a bare yield
+        failing = asyncio.get_running_loop().create_future()
+        asyncio.get_running_loop().call_soon(failing.set_exception, KeyError("k"))
+        try:
+            await failing
+        except KeyError as exc:
+            seen.append(repr(exc))
+        return "done"
+
+    try:
+        c1 = ctx()
+        with pytest.raises(TimeoutError):
+            await run_handler(slow, {}, c1, pool, 0.05)
+        assert c1.cancelled.is_set()
+        assert await run_handler(chatty, {}, ctx(), pool, WAIT) == "done"
+        assert seen == ["first", "KeyError('k')"]
+    finally:
+        pool.close()
