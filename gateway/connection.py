@@ -174,28 +174,58 @@ class ConnectionHandler:
         self.log = logging.LoggerAdapter(logger, {"session": session.id})
 
     async def _loop(self) -> None:
-        table = self.BY_CLASS
-        while True:
-            raw = await self.ws.recv()
-            received = (
-                self.state.receive_binary() if isinstance(raw, bytes) else self.state.receive(raw)
-            )
-            if isinstance(received, Ignored):
-                continue
-            if isinstance(received, ProtocolError):
-                if not self._protocol_error(received):
+        """Read messages until the connection closes or stops taking requests.
+
+        A whole text message is handled in the read callback (:meth:`_on_text`, through
+        :attr:`gateway.wslib.Socket.on_text`), with no task wake-up (issue 13); the rest
+        (binary frames, fragmented messages, and anything that arrives while a message
+        from :meth:`recv` is still being handled) comes through ``recv`` here, in order.
+        """
+        ws = self.ws
+        ws.on_text = self._on_text
+        try:
+            while True:
+                ws.reader_idle = True
+                raw = await ws.recv()
+                ws.reader_idle = False
+                if isinstance(raw, bytes):
+                    if not self._handle(self.state.receive_binary()):
+                        return
+                elif not self._handle(self.state.receive(raw)):
                     return
-                continue
-            if self._debug:
-                self.log.debug("received %s", received.type)  # the type only, never payloads
-            try:
-                table[type(received)](self, received)
-            except StoreUnavailable as exc:
-                self._store_unavailable(received, exc)
-            if self.state.state is State.CLOSING or self.link.closed:
-                # A closed link (slow consumer, writer failure) takes no more requests:
-                # their events would pile up in a log nobody reads (SPEC D5).
+        finally:
+            ws.on_text = None
+
+    def _on_text(self, raw: str) -> None:
+        """One whole text message from the read callback. An unexpected exception closes
+        1011 and is logged, as one in :meth:`serve` is; a message after the close
+        started is dropped."""
+        if self.state.state is not State.OPEN or self.link.closed:
+            return
+        try:
+            if self._handle(self.state.receive(raw)):
                 return
+        except Exception:
+            self.log.exception("internal error; closing 1011")
+            self._close(CloseCode.INTERNAL_ERROR, "")
+        # The reader sees the close as ConnectionClosed from recv and ends.
+        self.ws.on_text = None
+
+    def _handle(self, received: m.ClientMessage | ProtocolError | Ignored) -> bool:
+        """Answer one received message; ``False`` when the connection takes no more."""
+        if isinstance(received, Ignored):
+            return True
+        if isinstance(received, ProtocolError):
+            return self._protocol_error(received)
+        if self._debug:
+            self.log.debug("received %s", received.type)  # the type only, never payloads
+        try:
+            self.BY_CLASS[type(received)](self, received)
+        except StoreUnavailable as exc:
+            self._store_unavailable(received, exc)
+        # A closed link (slow consumer, writer failure) takes no more requests: their
+        # events would pile up in a log nobody reads (SPEC D5).
+        return not (self.state.state is State.CLOSING or self.link.closed)
 
     def _store_unavailable(self, msg: m.ClientMessage, exc: StoreUnavailable) -> None:
         """SPEC D6, N7: a store read this request needed failed (a networked store lost

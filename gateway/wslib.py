@@ -17,7 +17,10 @@ What is used, and how public it is:
   the sans-I/O ``protocol`` attribute (``state`` against :class:`State` ``OPEN``,
   ``send_text``, ``data_to_send``, ``close_sent``, ``close_rcvd_then_sent``), the asyncio
   ``transport``, the ``send_data`` override point and the ``send_context`` context
-  manager. websockets documents these in its source, not as API.
+  manager. For messages read without a task wake-up (:attr:`WsConnection.on_text`): the
+  ``process_event`` override point, which gets every :class:`~websockets.frames.Frame`
+  after the handshake, and the length of ``recv_messages.frames``, the frames the
+  assembler holds for ``recv``. websockets documents these in its source, not as API.
 - A calling convention: ``serve`` builds each connection as
   ``create_connection(protocol, server, **options)``, hands the result to the event loop
   as the asyncio protocol, and the connection's ``connection_made`` starts the handler.
@@ -44,8 +47,9 @@ from websockets.asyncio.server import Server, ServerConnection
 from websockets.asyncio.server import serve as _serve
 from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
+from websockets.frames import Frame, Opcode
 from websockets.http11 import Request, Response
-from websockets.protocol import State
+from websockets.protocol import Event, State
 from websockets.typing import Subprotocol
 
 __all__ = [
@@ -69,6 +73,14 @@ class Socket(Protocol):
     :class:`WsConnection` is the implementation; connection handlers, hellos and outbox
     links are typed against this, so a new use of the library shows up here first.
     """
+
+    on_text: Callable[[str], None] | None
+    """Called with the text of each whole (unfragmented) text message as it is read,
+    instead of queueing it for :meth:`recv`, while :attr:`reader_idle`; ``None``: every
+    message goes to :meth:`recv`."""
+    reader_idle: bool
+    """Set by the reader right before it awaits :meth:`recv`: no message it got is
+    still being handled, so one handed to :attr:`on_text` cannot overtake it."""
 
     async def recv(self, decode: bool | None = None) -> str | bytes:
         """The next message: ``str`` for a text frame, ``bytes`` for a binary one.
@@ -112,6 +124,43 @@ class WsConnection(ServerConnection):
     frame. :meth:`send_data` joins them into one write. Behaviour is otherwise
     websockets' own, including the half-close on an empty chunk (RFC 6455 section 7.1.1).
     """
+
+    on_text: Callable[[str], None] | None = None
+    reader_idle = False
+
+    def process_event(self, event: Event) -> None:
+        """Hand a whole text message to :attr:`on_text` at once (overrides websockets).
+
+        websockets queues each message in its assembler, sets a future and wakes the
+        task awaiting :meth:`recv`: a future, a queue round and a task step per message
+        (issue 13). With :attr:`on_text` set, a text frame that is a whole message goes
+        to it from the read callback instead, in arrival order: only while the reader
+        is idle (:attr:`reader_idle`) and the assembler holds nothing, so it never
+        overtakes a message :meth:`recv` has or will return. Anything else (the
+        handshake, fragments, binary frames, control frames) is websockets' own path;
+        a data frame queued there stops the fast path until the reader is idle again.
+        A payload that is not UTF-8 takes websockets' path too (close 1007).
+        """
+        on_text = self.on_text
+        if on_text is not None and type(event) is Frame:
+            if (
+                event.opcode is Opcode.TEXT
+                and event.fin
+                and self.reader_idle
+                and not len(self.recv_messages.frames)
+            ):
+                try:
+                    text = bytes(event.data).decode()
+                except UnicodeDecodeError:
+                    # websockets' own path closes 1007 naming the position (RFC 6455
+                    # section 8.1), exactly as for a message read through recv.
+                    pass
+                else:
+                    on_text(text)
+                    return
+            if event.opcode is Opcode.TEXT or event.opcode is Opcode.BINARY:
+                self.reader_idle = False
+        super().process_event(event)
 
     def send_data(self) -> None:
         """Write what the sans-I/O protocol has to send, coalesced (overrides websockets)."""

@@ -1,9 +1,10 @@
 """The websockets seam (``gateway/wslib.py``) still fits the installed websockets.
 
 ``gateway/wslib.py`` reaches below websockets' public API: it overrides
-``Connection.send_data``, drives the sans-I/O ``protocol`` (``state``, ``send_text``,
-``data_to_send``, ``close_sent``, ``close_rcvd_then_sent``), writes to ``transport``,
-enters ``send_context``, passes a non-class ``create_connection`` to ``serve`` and reads
+``Connection.send_data`` and ``Connection.process_event`` (reading ``recv_messages.frames``),
+drives the sans-I/O ``protocol`` (``state``, ``send_text``, ``data_to_send``,
+``close_sent``, ``close_rcvd_then_sent``), writes to ``transport``, enters
+``send_context``, passes a non-class ``create_connection`` to ``serve`` and reads
 ``Request.method``. Each test here pins one of those and fails naming it, so a websockets
 release that moves one fails here first, not as a 1011 in production. To widen the
 version range in ``pyproject.toml``: install the new version, run this file, fix
@@ -42,6 +43,10 @@ SIGNATURES: dict[str, tuple[Callable[..., Any], list[str]]] = {
     "websockets.protocol.Protocol.send_text": (Protocol.send_text, ["self", "data", "fin"]),
     "websockets.protocol.Protocol.data_to_send": (Protocol.data_to_send, ["self"]),
     "websockets.asyncio.connection.Connection.send_data": (Connection.send_data, ["self"]),
+    "websockets.asyncio.connection.Connection.process_event": (
+        Connection.process_event,
+        ["self", "event"],
+    ),
     "websockets.asyncio.connection.Connection.send_context": (
         Connection.send_context,
         ["self", "expected_state"],
@@ -113,6 +118,31 @@ def test_send_context_calls_send_data() -> None:
     assert "self.send_data()" in source, (
         "websockets internal changed: Connection.send_context no longer calls self.send_data()"
     )
+
+
+async def test_frames_reach_process_event_and_the_assembler_queue() -> None:
+    """websockets hands every frame read to ``self.process_event`` (from
+    ``data_received``), which WsConnection overrides to read whole text messages in the
+    callback; data frames otherwise go to ``recv_messages.put``, whose queue
+    (``recv_messages.frames``) has a length WsConnection asks before taking one."""
+    received = inspect.getsource(Connection.data_received)
+    assert "self.process_event(event)" in received, (
+        "websockets internal changed: data_received no longer calls self.process_event"
+    )
+    processed = inspect.getsource(Connection.process_event)
+    assert "self.recv_messages.put(event)" in processed, (
+        "websockets internal changed: process_event no longer queues data frames"
+    )
+    server = inspect.getsource(ServerConnection.process_event)
+    assert "super().process_event(event)" in server, (
+        "websockets internal changed: ServerConnection.process_event no longer defers frames"
+    )
+    from websockets.asyncio.messages import Assembler
+
+    assembler = Assembler()
+    assert len(assembler.frames) == 0, "websockets internal changed: Assembler.frames has no len"
+    assert {Opcode.TEXT, Opcode.BINARY, Opcode.CONT} <= set(Opcode)
+    assert [f.name for f in dataclasses.fields(Frame)][:3] == ["opcode", "data", "fin"]
 
 
 def test_state_names() -> None:
