@@ -61,6 +61,8 @@ class Call:
     job_id: str | None = None
     approval_id: str | None = None
     """The approval this call waits on, while it waits."""
+    begun: bool = False
+    """Its task took its first step (:meth:`gateway.pipeline.Pipeline.run` runs)."""
     executing: bool = False
     """Its handler started: an expiring session no longer cancels it (SPEC I15)."""
     handed_off: bool = False

@@ -37,7 +37,14 @@ from protocol.connection_state import Connection, Ignored, State
 from protocol.errors import CloseCode, ErrorCode, ProtocolError, StateError, close_reason
 from protocol.messages import type_name
 
-__all__ = ["ConnectionHandler", "ConnectionParts", "Refused", "bucket_factory"]
+__all__ = [
+    "ConnectionHandler",
+    "ConnectionParts",
+    "Refused",
+    "bucket_factory",
+    "count_close",
+    "refuse_unavailable",
+]
 
 logger = logging.getLogger("gateway.connection")
 
@@ -113,24 +120,13 @@ class ConnectionHandler:
             closing = self._closing or self.link.closer
             if closing is not None:
                 await asyncio.shield(closing)
-            self._count_close()
+            count_close(self.ws, self.parts.metrics)
             self.state.closed()
             self.link.detach()
             session = self.session
             if session is not None:
                 self.parts.sessions.park(session, self.link, self.parts.clock())
                 self.log.info("socket closed; session parked")
-
-    def _count_close(self) -> None:
-        """Count the close this server started, by the code it sent (SPEC O2).
-
-        The one place closes are counted: whichever path closed the socket (ours, a
-        writer failure, or websockets itself for 1002, 1007 and 1009), the code is the
-        one in the close frame sent. Closes the client started are not counted.
-        """
-        sent = self.ws.sent_close_code()
-        if sent is not None:
-            self.parts.metrics.closes.labels(str(sent)).inc()
 
     async def _handshake(self) -> bool:
         timeout = self.parts.server.hello_timeout or None
@@ -181,17 +177,15 @@ class ConnectionHandler:
         (binary frames, fragmented messages, and anything that arrives while a message
         from :meth:`recv` is still being handled) comes through ``recv`` here, in order.
         """
-        ws = self.ws
+        ws, state = self.ws, self.state
         ws.on_text = self._on_text
         try:
             while True:
                 ws.reader_idle = True
                 raw = await ws.recv()
                 ws.reader_idle = False
-                if isinstance(raw, bytes):
-                    if not self._handle(self.state.receive_binary()):
-                        return
-                elif not self._handle(self.state.receive(raw)):
+                binary = isinstance(raw, bytes)
+                if not self._handle(state.receive_binary() if binary else state.receive(raw)):
                     return
         finally:
             ws.on_text = None
@@ -222,26 +216,10 @@ class ConnectionHandler:
         try:
             self.BY_CLASS[type(received)](self, received)
         except StoreUnavailable as exc:
-            self._store_unavailable(received, exc)
+            refuse_unavailable(self.s, received, exc, self.parts.metrics, self.log)
         # A closed link (slow consumer, writer failure) takes no more requests: their
         # events would pile up in a log nobody reads (SPEC D5).
         return not (self.state.state is State.CLOSING or self.link.closed)
-
-    def _store_unavailable(self, msg: m.ClientMessage, exc: StoreUnavailable) -> None:
-        """SPEC D6, N7: a store read this request needed failed (a networked store lost
-        its connection). Nothing was started; the client gets a typed ``unavailable``
-        and may send the same request again."""
-        self.log.warning("request %s refused, store unavailable: %s", msg.type, exc)
-        self.parts.metrics.errors.labels(ErrorCode.UNAVAILABLE.value).inc()
-        call_id = getattr(msg, "call_id", None)
-        self.s.reply(
-            m.Error(
-                id=getattr(msg, "id", None),
-                code=ErrorCode.UNAVAILABLE,
-                message="the store cannot be read right now; try again later",
-                details={"call_id": call_id} if isinstance(call_id, str) else None,
-            )
-        )
 
     def _protocol_error(self, error: ProtocolError) -> bool:
         """Answer or close for one protocol error (SPEC E1); ``False`` when closing."""
@@ -366,6 +344,41 @@ ConnectionHandler.BY_CLASS = {
 ConnectionHandler.TABLE = {
     type_name(cls): func.__name__ for cls, func in ConnectionHandler.BY_CLASS.items()
 }
+
+
+def count_close(ws: Socket, metrics: Metrics) -> None:
+    """Count the close this server started, by the code it sent (SPEC O2).
+
+    The one place closes are counted: whichever path closed the socket (ours, a writer
+    failure, or websockets itself for 1002, 1007 and 1009), the code is the one in the
+    close frame sent. Closes the client started are not counted.
+    """
+    sent = ws.sent_close_code()
+    if sent is not None:
+        metrics.closes.labels(str(sent)).inc()
+
+
+def refuse_unavailable(
+    session: Session,
+    msg: m.ClientMessage,
+    exc: StoreUnavailable,
+    metrics: Metrics,
+    log: logging.LoggerAdapter[logging.Logger],
+) -> None:
+    """SPEC D6, N7: a store read this request needed failed (a networked store lost
+    its connection). Nothing was started; the client gets a typed ``unavailable``
+    and may send the same request again."""
+    log.warning("request %s refused, store unavailable: %s", msg.type, exc)
+    metrics.errors.labels(ErrorCode.UNAVAILABLE.value).inc()
+    call_id = getattr(msg, "call_id", None)
+    session.reply(
+        m.Error(
+            id=getattr(msg, "id", None),
+            code=ErrorCode.UNAVAILABLE,
+            message="the store cannot be read right now; try again later",
+            details={"call_id": call_id} if isinstance(call_id, str) else None,
+        )
+    )
 
 
 def bucket_factory(rate: float, burst: int) -> Callable[[], TokenBucket]:

@@ -56,7 +56,7 @@ class Metrics:
             ["code"],
             registry=r,
         )
-        """Counted in one place, ``ConnectionHandler._count_close``, from the close frame the
+        """Counted in one place, ``gateway.connection.count_close``, from the close frame the
         server sent: every code, including websockets' own 1002, 1007 and 1009."""
         self.store_commit_failures = Counter(
             "toolbus_store_commit_failures_total",

@@ -79,37 +79,38 @@ class Pipeline:
 
     def track(self, call: Call, steps: Callable[[], Awaitable[None]]) -> None:
         """Run ``steps()`` (the call's pipeline, or what is left of it) as the call's task,
-        through :meth:`run`, tracked per session until it ends (SPEC I8, F33)."""
+        through :meth:`run`, tracked per session until it ends (SPEC I8, F33). :meth:`run`
+        frees the call's per-session state when it ends; :meth:`cancel` does for a task
+        cancelled before its first step, so no done callback (a loop turn a call, issue
+        13) is needed."""
         session = call.session
         task = asyncio.get_running_loop().create_task(self.run(call, steps))
         session.inflight[call.call_id] = task
         self._call_state[(session.id, call.call_id)] = call
-        task.add_done_callback(lambda done: self._reap(call, done))
-
-    def _reap(self, call: Call, task: asyncio.Task[None]) -> None:
-        """The call's task is done. A task cancelled before its first step never runs
-        :meth:`run` (no ``except``, no ``finally``): an ``invoke`` and its ``call.cancel``
-        or ``bye`` in one batch of frames. The call still ends ``cancelled`` (SPEC I8,
-        I16; a no-op when it already ended) and its per-session state is freed (F33)."""
-        session = call.session
-        if task.cancelled() and not call.handed_off:
-            text = "the call was cancelled"
-            self.end.error(call, ErrorCode.CANCELLED, text, CallOutcome.CANCELLED)
-        if session.inflight.get(call.call_id) is task:
-            del session.inflight[call.call_id]
-        if self._call_state.get((session.id, call.call_id)) is call:
-            del self._call_state[(session.id, call.call_id)]
 
     def tracked_calls(self) -> int:
         """Calls this pipeline tracks now, over all sessions (case F33)."""
         return len(self._call_state)
 
     def cancel(self, session: Session, call_id: str) -> bool:
-        """Cancel a running or approval-pending call (SPEC I8, A4, F11)."""
+        """Cancel a running or approval-pending call (SPEC I8, A4, F11).
+
+        A task cancelled before its first step never runs :meth:`run` (no ``except``, no
+        ``finally``): an ``invoke`` and its ``call.cancel`` or ``bye`` read together. The
+        call then ends ``cancelled`` here, at once (SPEC I8, I16), and its per-session
+        state is freed (F33)."""
         task = session.inflight.get(call_id)
         call = self._call_state.get((session.id, call_id))
         if task is None or call is None:
             return False
+        if not call.begun:
+            del session.inflight[call_id]
+            del self._call_state[(session.id, call_id)]
+            task.cancel()
+            self.end.error(
+                call, ErrorCode.CANCELLED, "the call was cancelled", CallOutcome.CANCELLED
+            )
+            return True
         if call.approval_id is not None:
             # SPEC A4: settled now, so a confirm in the same batch of frames finds it
             # decided (cancelled) instead of allowing a call that is being cancelled.
@@ -153,6 +154,7 @@ class Pipeline:
     async def run(self, call: Call, steps: Callable[[], Awaitable[None]]) -> None:
         """Run one call's ``steps()`` to its single terminal event (SPEC I1-I14, I16)."""
         session = call.session
+        call.begun = True
         try:
             await steps()
         except asyncio.CancelledError:
