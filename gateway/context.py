@@ -16,8 +16,10 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
+
+from gateway.records import record
 
 ProgressFn = Callable[[float | None, str | None], None]
 
@@ -96,7 +98,7 @@ class ProgressRelay:
         self.target(fraction, message)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ToolContext:
     """Server-side facts about one call, injected into its handler (SPEC I5).
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Final
 
+from gateway.records import record
 from gateway.session import Session
 from gateway.store import LedgerRow, Store
 from protocol import messages as m
@@ -59,7 +60,7 @@ class Verdict(Enum):
     sharing the store: refuse ``duplicate_call`` (SPEC I12)."""
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Check:
     """The ledger's answer about one ``invoke``; ``outcome`` is set for ``RECORDED``,
     ``params_size`` for ``NEW``: the bytes of the params' JSON, as the server encodes them

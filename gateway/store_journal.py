@@ -90,6 +90,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gateway.records import record
 from gateway.store_batch import SqliteBatch
 from gateway.store_check import StoreError
 from gateway.store_rows import LedgerRow, ledger_values
@@ -111,7 +112,7 @@ Key = tuple[str, str, str]
 """A ledger row's key: ``(tenant, user, call_id)``."""
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Intent:
     """One journaled call: the rows its commit would have written (SPEC I15).
 

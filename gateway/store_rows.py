@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.records import record
 from gateway.store_check import StoreError
 from protocol.codec import decode_json, encode_json
 
@@ -50,7 +51,7 @@ class SessionRow:
     before schema version 2, which re-validates as revoked (fail closed)."""
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class JobRow:
     """A job as stored (SPEC J1). ``result``/``error`` are JSON objects or ``None``."""
 
@@ -73,7 +74,7 @@ class JobRow:
     error: dict[str, Any] | None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class LedgerRow:
     """One ``call_id`` of a principal in the call ledger (SPEC I15).
 
