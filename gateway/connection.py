@@ -174,9 +174,8 @@ class ConnectionHandler:
 
         A whole text message is handled in the read callback (:meth:`_on_text`, through
         :attr:`gateway.wslib.Socket.on_text`), with no task wake-up (issue 13); the rest
-        (binary frames, fragmented messages, and anything that arrives while a message
-        from :meth:`recv` is still being handled) comes through ``recv`` here, in order.
-        """
+        (binary frames, fragments, and what arrives while a message read here is being
+        handled) comes through ``recv`` here, in order."""
         ws, state = self.ws, self.state
         ws.on_text = self._on_text
         try:
@@ -191,14 +190,15 @@ class ConnectionHandler:
             ws.on_text = None
 
     def _on_text(self, raw: str) -> None:
-        """One whole text message from the read callback. An unexpected exception closes
-        1011 and is logged, as one in :meth:`serve` is; a message after the close
-        started is dropped."""
+        """A whole text message from the read callback; errors end as in :meth:`serve`
+        (1011, logged). A message after the close started is dropped."""
         if self.state.state is not State.OPEN or self.link.closed:
             return
         try:
             if self._handle(self.state.receive(raw)):
                 return
+        except ConnectionClosed:
+            pass  # as in serve: the reader ends on the same close
         except Exception:
             self.log.exception("internal error; closing 1011")
             self._close(CloseCode.INTERNAL_ERROR, "")

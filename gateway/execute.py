@@ -95,6 +95,9 @@ async def _limited(coro: Coroutine[Any, Any, Any], deadline: float) -> Any:
     from its start. The step runs in the caller's task: a handler sees the same
     ``current_task()`` and context variables as when awaited directly.
     """
+    if not isinstance(coro, types.CoroutineType):  # an awaitable of another kind
+        async with asyncio.timeout_at(deadline):
+            return await coro
     try:
         waiting = coro.send(None)
     except StopIteration as done:

@@ -12,7 +12,7 @@ import pytest
 from catalog.model import Mode, ToolDef
 from gateway.audit import MASK, redact
 from gateway.context import Cancellation, ToolContext
-from gateway.execute import as_object, run_handler
+from gateway.execute import _limited, as_object, run_handler
 from gateway.hooks import CallInfo, Deny, resolve, run_post, run_pre
 from gateway.workers import Lane
 from tests.support import WAIT
@@ -202,3 +202,14 @@ async def test_i8_a_handler_that_suspends_still_times_out_and_answers() -> None:
         assert seen == ["first", "KeyError('k')"]
     finally:
         pool.close()
+
+
+async def test_i8_an_awaitable_that_is_no_coroutine_still_runs_under_its_limit() -> None:
+    """SPEC I8: the eager first step is for coroutines; any other awaitable (a future) is
+    awaited under the limit as it is, answering or timing out."""
+    loop = asyncio.get_running_loop()
+    answered = loop.create_future()
+    loop.call_soon(answered.set_result, {"ok": True})
+    assert await _limited(answered, loop.time() + WAIT) == {"ok": True}
+    with pytest.raises(TimeoutError):
+        await _limited(loop.create_future(), loop.time() + 0.01)
