@@ -97,6 +97,7 @@ class ConnectionHandler:
         self.state = Connection(time.monotonic(), cfg.hello_timeout, cfg.max_depth)
         self.link = Link(ws, cfg.max_outbound_bytes)
         self.session: Session | None = None
+        self._reading = True  # False once a message stopped the reading (either path)
         self.log: logging.LoggerAdapter[logging.Logger] = logging.LoggerAdapter(logger, {})
         self._closing: asyncio.Task[None] | None = None
         self._debug = logger.isEnabledFor(logging.DEBUG)
@@ -170,29 +171,28 @@ class ConnectionHandler:
         self.log = logging.LoggerAdapter(logger, {"session": session.id})
 
     async def _loop(self) -> None:
-        """Read messages until the connection closes or stops taking requests.
-
-        A whole text message is handled in the read callback (:meth:`_on_text`, through
-        :attr:`gateway.wslib.Socket.on_text`), with no task wake-up (issue 13); the rest
-        (binary frames, fragments, and what arrives while a message read here is being
-        handled) comes through ``recv`` here, in order."""
+        """Read until the connection closes or stops taking requests. A whole text message
+        goes to :meth:`_on_text` from the read callback (``Socket.on_text``, no task
+        wake-up, issue 13); binary frames, fragments and what arrives while a message
+        read here is handled come through ``recv``, in order."""
         ws, state = self.ws, self.state
         ws.on_text = self._on_text
         try:
-            while True:
+            while self._reading:
                 ws.reader_idle = True
                 raw = await ws.recv()
                 ws.reader_idle = False
-                binary = isinstance(raw, bytes)
-                if not self._handle(state.receive_binary() if binary else state.receive(raw)):
-                    return
+                received = state.receive_binary() if isinstance(raw, bytes) else state.receive(raw)
+                if not (self._reading and self._handle(received)):
+                    return  # nothing after the message that stopped it is handled
         finally:
+            self._reading = False
             ws.on_text = None
 
     def _on_text(self, raw: str) -> None:
         """A whole text message from the read callback; errors end as in :meth:`serve`
-        (1011, logged). A message after the close started is dropped."""
-        if self.state.state is not State.OPEN or self.link.closed:
+        (1011, logged). Once a message stopped the reading, nothing more is handled."""
+        if not self._reading:
             return
         try:
             if self._handle(self.state.receive(raw)):
@@ -202,7 +202,7 @@ class ConnectionHandler:
         except Exception:
             self.log.exception("internal error; closing 1011")
             self._close(CloseCode.INTERNAL_ERROR, "")
-        # The reader sees the close as ConnectionClosed from recv and ends.
+        self._reading = False  # the reader, in recv, ends at its next message or the close
         self.ws.on_text = None
 
     def _handle(self, received: m.ClientMessage | ProtocolError | Ignored) -> bool:

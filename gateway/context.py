@@ -16,10 +16,8 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import field
+from dataclasses import dataclass, field
 from pathlib import Path
-
-from gateway.records import record
 
 ProgressFn = Callable[[float | None, str | None], None]
 
@@ -98,7 +96,7 @@ class ProgressRelay:
         self.target(fraction, message)
 
 
-@record
+@dataclass(frozen=True, slots=True)
 class ToolContext:
     """Server-side facts about one call, injected into its handler (SPEC I5).
 

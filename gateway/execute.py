@@ -92,7 +92,8 @@ async def _limited(coro: Coroutine[Any, Any, Any], deadline: float) -> Any:
     suspending (most quick tools) costs no timer handle, heap push and cancel, about
     11 us a call on the bench machine (issue 13). A handler that suspends goes on
     under ``asyncio.timeout_at(deadline)``, in this same task, so its limit still counts
-    from its start. The step runs in the caller's task: a handler sees the same
+    from its start: a first step that outlasted it ends in :class:`TimeoutError` at that
+    first suspension. The step runs in the caller's task: a handler sees the same
     ``current_task()`` and context variables as when awaited directly.
     """
     if not isinstance(coro, types.CoroutineType):  # an awaitable of another kind

@@ -17,10 +17,9 @@ from typing import Any
 
 from catalog.handlers import ImportFailed, import_guarded
 from catalog.model import ToolDef
-from gateway.records import record
 
 
-@record
+@dataclass(frozen=True, slots=True)
 class CallInfo:
     """What a hook knows about a call (SPEC I5 identity, never the model's claims)."""
 

@@ -4,8 +4,7 @@ A ``@dataclass(frozen=True)`` ``__init__`` sets every field through
 ``object.__setattr__``, one Python-level call per field. On the bench machine an
 eight-field frozen, slotted dataclass took 2.7 us to build against 0.54 us for the
 same class unfrozen, and each call builds several records on the loop (its ledger
-rows, its I15 check, its intent, its hooks' view and its handler's context: about
-12 us a call; issue 13).
+rows, its I15 check and its intent; issue 13).
 
 :func:`record` gives the class ``@dataclass(slots=True, unsafe_hash=True)`` at run
 time: the same fields, ``__init__``, ``repr``, ``__eq__`` and ``__hash__`` (over the
@@ -15,8 +14,11 @@ immutability is checked statically: :func:`typing.dataclass_transform` with
 dataclass, so an assignment to a field is a type error where it is written. What is
 lost is only the run-time ``FrozenInstanceError`` for code that mypy does not check.
 
-Use it for records built on the hot path; everything else keeps ``@dataclass(frozen=True,
-slots=True)`` (STYLE.md).
+Use it for the store's and the ledger's own records built on the hot path. What code
+outside the gateway gets (a handler's :class:`~gateway.context.ToolContext`, a hook's
+:class:`~gateway.hooks.CallInfo`), and everything else, keeps ``@dataclass(frozen=True,
+slots=True)`` (STYLE.md): a handler or hook is not type-checked with the gateway, and
+the gateway reads those records again after the handler ran (a promoted call's job).
 """
 
 from __future__ import annotations

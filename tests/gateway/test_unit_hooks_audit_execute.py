@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -213,3 +214,27 @@ async def test_i8_an_awaitable_that_is_no_coroutine_still_runs_under_its_limit()
     assert await _limited(answered, loop.time() + WAIT) == {"ok": True}
     with pytest.raises(TimeoutError):
         await _limited(loop.create_future(), loop.time() + 0.01)
+
+
+async def test_i8_a_handler_past_its_limit_at_its_first_await_times_out() -> None:
+    """SPEC I8 (found in review): the limit counts from the handler's start, so a handler
+    whose first step (synchronous work) outlasted it ends in TimeoutError at its first
+    suspension, however short; one that finishes without suspending keeps its value
+    (nothing could interrupt it)."""
+
+    async def slow_then_yield(params: dict[str, Any], c: ToolContext) -> str:
+        time.sleep(0.06)  # noqa: ASYNC251 -- the blocking first step under test
+        await asyncio.sleep(0)
+        return "value"
+
+    async def slow_only(params: dict[str, Any], c: ToolContext) -> str:
+        time.sleep(0.06)  # noqa: ASYNC251 -- the blocking first step under test
+        return "value"
+
+    pool = Lane("calls", 1, 1, 1, None)
+    try:
+        with pytest.raises(TimeoutError):
+            await run_handler(slow_then_yield, {}, ctx(), pool, 0.03)
+        assert await run_handler(slow_only, {}, ctx(), pool, 0.03) == "value"
+    finally:
+        pool.close()

@@ -8,11 +8,14 @@ fragmented message or a message sent before ``hello`` was answered.
 
 from __future__ import annotations
 
+import logging
+
 import orjson
+import pytest
 from websockets.asyncio.client import ClientConnection
 
 from gateway.server import Gateway
-from tests.support import CONVERT, Peer, peer
+from tests.support import CONVERT, Peer, closed, peer
 
 
 def write_at_once(ws: ClientConnection, *frames: tuple[str, bytes, bool]) -> None:
@@ -98,3 +101,30 @@ async def test_s1_invoke_pipelined_behind_hello_is_answered(gateway: Gateway) ->
         await p.terminal("c2")
         assert [m["type"] for m in p.seen[:2]] == ["welcome", "catalog"]
         assert replies(p) == [("result", "c1"), ("result", "c2")]
+
+
+@pytest.mark.parametrize("one_read", [True, False])
+async def test_e1_nothing_after_bye_is_handled(
+    gateway: Gateway, caplog: pytest.LogCaptureFixture, one_read: bool
+) -> None:
+    """SPEC E1, S1 (found in review): once a message stops the connection taking requests
+    (``bye``), nothing read after it is handled, through either read path: an ``ack`` and
+    an ``invoke`` behind it neither run nor log an internal error; the close is 4001."""
+    caplog.set_level(logging.INFO, logger="gateway.connection")
+    async with peer(gateway) as p:
+        await p.expect("catalog")
+        after = (b'{"type": "ack", "seq": 1}', invoke("late"))
+        if one_read:
+            write_at_once(
+                p.ws, ("text", b'{"type": "bye"}', True), *(("text", f, True) for f in after)
+            )
+        else:
+            await p.send({"type": "bye"})
+            for frame in after:
+                await p.send(frame.decode())
+        error = await closed(p)
+    assert error.rcvd is not None
+    assert error.rcvd.code == 4001
+    assert [m["type"] for m in p.seen] == ["welcome", "catalog"]
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+    assert gateway.metrics.invocations.labels("ok")._value.get() == 0
