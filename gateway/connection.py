@@ -179,9 +179,7 @@ class ConnectionHandler:
         ws.on_text = self._on_text
         try:
             while self._reading:
-                ws.reader_idle = True
                 raw = await ws.recv()
-                ws.reader_idle = False
                 received = state.receive_binary() if isinstance(raw, bytes) else state.receive(raw)
                 if not (self._reading and self._handle(received)):
                     return  # nothing after the message that stopped it is handled

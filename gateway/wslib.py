@@ -76,11 +76,8 @@ class Socket(Protocol):
 
     on_text: Callable[[str], None] | None
     """Called with the text of each whole (unfragmented) text message as it is read,
-    instead of queueing it for :meth:`recv`, while :attr:`reader_idle`; ``None``: every
-    message goes to :meth:`recv`."""
-    reader_idle: bool
-    """Set by the reader right before it awaits :meth:`recv`: no message it got is
-    still being handled, so one handed to :attr:`on_text` cannot overtake it."""
+    instead of queueing it for :meth:`recv`, while nothing is queued for :meth:`recv`;
+    ``None``: every message goes to :meth:`recv`."""
 
     async def recv(self, decode: bool | None = None) -> str | bytes:
         """The next message: ``str`` for a text frame, ``bytes`` for a binary one.
@@ -126,7 +123,6 @@ class WsConnection(ServerConnection):
     """
 
     on_text: Callable[[str], None] | None = None
-    reader_idle = False
 
     def process_event(self, event: Event) -> None:
         """Hand a whole text message to :attr:`on_text` at once (overrides websockets).
@@ -134,32 +130,31 @@ class WsConnection(ServerConnection):
         websockets queues each message in its assembler, sets a future and wakes the
         task awaiting :meth:`recv`: a future, a queue round and a task step per message
         (issue 13). With :attr:`on_text` set, a text frame that is a whole message goes
-        to it from the read callback instead, in arrival order: only while the reader
-        is idle (:attr:`reader_idle`) and the assembler holds nothing, so it never
-        overtakes a message :meth:`recv` has or will return. Anything else (the
-        handshake, fragments, binary frames, control frames) is websockets' own path;
-        a data frame queued there stops the fast path until the reader is idle again.
-        A payload that is not UTF-8 takes websockets' path too (close 1007).
+        to it from the read callback instead, in arrival order: only while the assembler
+        holds no frame, so it never overtakes a message :meth:`recv` will return. (A
+        frame stays in the assembler until the reader takes it, and the reader handles
+        what :meth:`recv` returned without awaiting in between, so no other state is
+        needed.) Anything else (the handshake, fragments, binary frames, control frames)
+        is websockets' own path. A payload that is not UTF-8 takes websockets' path too
+        (close 1007).
         """
         on_text = self.on_text
-        if on_text is not None and type(event) is Frame:
-            if (
-                event.opcode is Opcode.TEXT
-                and event.fin
-                and self.reader_idle
-                and not len(self.recv_messages.frames)
-            ):
-                try:
-                    text = bytes(event.data).decode()
-                except UnicodeDecodeError:
-                    # websockets' own path closes 1007 naming the position (RFC 6455
-                    # section 8.1), exactly as for a message read through recv.
-                    pass
-                else:
-                    on_text(text)
-                    return
-            if event.opcode is Opcode.TEXT or event.opcode is Opcode.BINARY:
-                self.reader_idle = False
+        if (
+            on_text is not None
+            and type(event) is Frame
+            and event.opcode is Opcode.TEXT
+            and event.fin
+            and not len(self.recv_messages.frames)
+        ):
+            try:
+                text = bytes(event.data).decode()
+            except UnicodeDecodeError:
+                # websockets' own path closes 1007 naming the position (RFC 6455 section
+                # 8.1), exactly as for a message read through recv.
+                pass
+            else:
+                on_text(text)
+                return
         super().process_event(event)
 
     def send_data(self) -> None:
