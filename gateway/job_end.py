@@ -14,7 +14,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from gateway.failures import sendable
@@ -23,7 +24,13 @@ from gateway.metrics import Metrics
 from gateway.session import Session
 from gateway.store import JobRow, Store
 from protocol import messages as m
-from protocol.codec import SERVER_MAX_DEPTH, encode, encode_json, json_problem, non_finite
+from protocol.codec import (
+    SERVER_MAX_DEPTH,
+    encode_dumped,
+    encode_json,
+    json_problem,
+    non_finite,
+)
 
 logger = logging.getLogger("gateway.jobs")
 
@@ -47,42 +54,44 @@ class ActiveJob:
     ``queued`` (:meth:`gateway.jobs.JobRunner._execute`)."""
 
 
-def _unsendable(
+def _done_fields(
     row: JobRow,
     summary: str,
     artifacts: list[Any],
     result: dict[str, Any],
     now: float,
     max_frame: int | None = None,
-) -> str | None:
-    """What stops a job's ``job.done`` from being built and encoded, or ``None`` (I16);
-    a frame over ``max_frame`` bytes (the announced ``max_message_bytes``, SPEC E2) too.
-    A ``NaN`` or ``Infinity`` anywhere in the result or the artifacts is one (orjson
-    would send ``null``), named by its path."""
+) -> dict[str, Any] | str:
+    """The job's ``job.done`` event, built and checked once (SPEC J4, I16, E2): its
+    fields as :func:`protocol.codec.encode_event` dumps them, for
+    :func:`protocol.codec.encode_dumped`; or, as a ``str``, what stops it from being
+    built and encoded. A ``NaN`` or ``Infinity`` anywhere in the result or the artifacts
+    is one (orjson would send ``null``), named by its path; a frame over ``max_frame``
+    bytes (the announced ``max_message_bytes``, SPEC E2) too."""
     if non_finite(result) or non_finite(artifacts):
-        return json_problem(result) or json_problem(artifacts, "artifacts")
+        found = json_problem(result) or json_problem(artifacts, "artifacts")
+        return found or "a number JSON cannot carry"
     try:
-        frame = encode(
-            m.JobDone(
-                seq=1,
-                job_id=row.job_id,
-                tool=row.tool,
-                call_id=row.call_id,
-                summary=summary,
-                artifacts=artifacts,
-                result=result,
-                finished_at=now,
-            )
-        )
+        fields = m.JobDone(
+            seq=1,
+            job_id=row.job_id,
+            tool=row.tool,
+            call_id=row.call_id,
+            summary=summary,
+            artifacts=artifacts,
+            result=result,
+            finished_at=now,
+        ).model_dump(exclude_none=True)
+        size = len(encode_json(fields))
     except (TypeError, ValueError) as exc:
         found = json_problem(result) or json_problem(artifacts, "artifacts")
         return found or " ".join(str(exc).split())[:300]
-    if max_frame is not None and len(frame) > max_frame:
-        return f"job.done would be {len(frame)} bytes; at most {max_frame} fit"
+    if max_frame is not None and size > max_frame:
+        return f"job.done would be {size} bytes; at most {max_frame} fit"
     if too_deep(result, SERVER_MAX_DEPTH - 1) or too_deep(artifacts, SERVER_MAX_DEPTH - 1):
         # SPEC I16: a client drops a frame nested past SERVER_MAX_DEPTH levels.
         return f"result is nested deeper than {SERVER_MAX_DEPTH - 1} levels"
-    return None
+    return fields
 
 
 class JobEnd:
@@ -113,8 +122,8 @@ class JobEnd:
         job.row = row
         self._store.stage_job(row)
         if old != row.state:
-            self._metrics.jobs.labels(old).dec()
-        self._metrics.jobs.labels(row.state).inc()
+            self._metrics.job_state(old).dec()
+        self._metrics.job_state(row.state).inc()
 
     def done(self, job: ActiveJob, result: dict[str, Any]) -> None:
         summary = result.pop("summary", None)
@@ -124,35 +133,20 @@ class JobEnd:
         if not isinstance(artifacts, list) or not all(isinstance(a, dict) for a in artifacts):
             artifacts = []
         now = self._clock()
-        problem = _unsendable(job.row, summary, artifacts, result, now, self._max_frame)
-        if problem is not None:
+        fields = _done_fields(job.row, summary, artifacts, result, now, self._max_frame)
+        if isinstance(fields, str):
             # SPEC I16: found before anything is staged, so the value never reaches the
             # store and cannot fail a commit that other sessions' events share (D6).
-            logger.info("job %s returned a value that cannot be sent: %s", job.row.job_id, problem)
-            message = f"the handler's value cannot be sent: {problem}"
+            logger.info("job %s returned a value that cannot be sent: %s", job.row.job_id, fields)
+            message = f"the handler's value cannot be sent: {fields}"
             self.failed(job, {"code": "handler_error", "message": message})
             return
-        row = replace(
-            job.row,
-            state=m.JobState.DONE,
-            finished_at=now,
-            summary=summary,
-            artifacts=artifacts,
-            result=result,
-        )
-        self._end(job, row)
-        self.emit(
-            job,
-            m.JobDone(
-                job_id=row.job_id,
-                tool=row.tool,
-                call_id=row.call_id,
-                summary=summary,
-                artifacts=artifacts,
-                result=result,
-                finished_at=now,
-            ),
-        )
+        row = job.row
+        self._end(job, row.ended(m.JobState.DONE, now, summary, artifacts, result, row.error))
+        if not job.session.ended:
+            # The event checked above, its bytes under the session's next seq (SPEC D1):
+            # the same as emitting a JobDone built again, without building it (P5).
+            job.session.emit_encoded(partial(encode_dumped, fields))
 
     def failed(self, job: ActiveJob, error: dict[str, Any]) -> None:
         # SPEC I16: a message JSON cannot carry (a lone surrogate) must not leave the job
@@ -166,8 +160,8 @@ class JobEnd:
             error = {**error, "message": clip_text(str(error["message"]), half)}
         now = self._clock()
         summary = f"{job.row.tool} failed: {error['message']}"
-        row = replace(
-            job.row, state=m.JobState.FAILED, finished_at=now, summary=summary, error=error
+        row = job.row.ended(
+            m.JobState.FAILED, now, summary, job.row.artifacts, job.row.result, error
         )
         self._end(job, row)
         failed = m.JobFailed(
@@ -183,8 +177,10 @@ class JobEnd:
     def cancelled(self, job: ActiveJob) -> None:
         now = self._clock()
         summary = f"{job.row.tool} was cancelled"
+        row = job.row
         self._end(
-            job, replace(job.row, state=m.JobState.CANCELLED, finished_at=now, summary=summary)
+            job,
+            row.ended(m.JobState.CANCELLED, now, summary, row.artifacts, row.result, row.error),
         )
         row = job.row
         cancelled = m.JobCancelled(
@@ -194,8 +190,8 @@ class JobEnd:
 
     def _end(self, job: ActiveJob, row: JobRow) -> None:
         self.save(job, row)
-        self._metrics.jobs.labels(row.state).dec()
-        self._metrics.jobs_finished.labels(row.state).inc()
+        self._metrics.job_state(row.state).dec()
+        self._metrics.job_finished(row.state)
 
     def emit(self, job: ActiveJob, event: m.DurableEvent) -> None:
         if not job.session.ended:

@@ -132,7 +132,7 @@ class JobRunner:
         now = self._clock()
         job_id = rerun.job_id if rerun else "job_" + secrets.token_urlsafe(12)
         row = (
-            replace(rerun, state=m.JobState.QUEUED, started_at=None)
+            rerun.at_state(m.JobState.QUEUED, None)
             if rerun
             else JobRow(
                 job_id=job_id,
@@ -204,7 +204,7 @@ class JobRunner:
             # J5: an idempotent one may run again. Stored queued, it runs after the
             # restart.
             if job.row.state != m.JobState.QUEUED:
-                self._end.save(job, replace(job.row, state=m.JobState.QUEUED, started_at=None))
+                self._end.save(job, job.row.at_state(m.JobState.QUEUED, None))
         elif job.interrupted:
             self._end.failed(job, INTERRUPTED)
         else:
@@ -281,9 +281,7 @@ class JobRunner:
 
         def started() -> Awaitable[None] | None:
             job.in_thread = not inspect.iscoroutinefunction(func)
-            self._end.save(
-                job, replace(job.row, state=m.JobState.RUNNING, started_at=self._clock())
-            )
+            self._end.save(job, job.row.at_state(m.JobState.RUNNING, self._clock()))
             return _durable_start(job, tool.idempotent)
 
         return await run_handler(func, params, ctx, self._pool, limit, on_start=started)

@@ -100,6 +100,24 @@ class Metrics:
 
         self._outcomes: dict[str, Any] = {}
         self._modes: dict[str, Any] = {}
+        self._job_states: dict[str, Any] = {}
+        self._jobs_finished: dict[str, Any] = {}
+
+    def job_state(self, state: str) -> Any:
+        """The ``toolbus_jobs`` gauge of ``state`` (a :class:`~protocol.messages.JobState`
+        or its value), its child cached: ``labels()`` re-validates its arguments, about
+        3 us a call here, and each job end moved the gauge four times (issue 13, P5)."""
+        gauge = self._job_states.get(state)
+        if gauge is None:
+            gauge = self._job_states[state] = self.jobs.labels(state)
+        return gauge
+
+    def job_finished(self, state: str) -> None:
+        """Count one job that ended as ``state`` (``toolbus_jobs_finished_total``)."""
+        counter = self._jobs_finished.get(state)
+        if counter is None:
+            counter = self._jobs_finished[state] = self.jobs_finished.labels(state)
+        counter.inc()
 
     def invocation(self, outcome: str, mode: str, seconds: float) -> None:
         """Count one finished invocation and its latency (the labelled children are cached:

@@ -93,6 +93,18 @@ def encode_event(event: DurableEvent, seq: int) -> bytes:
     return orjson.dumps(fields)
 
 
+def encode_dumped(fields: dict[str, Any], seq: int) -> bytes:
+    """:func:`encode_event` of an event dumped already: ``fields`` is its
+    ``model_dump(exclude_none=True)`` (any ``seq``), checked and sized by the caller
+    before anything was staged (SPEC I16, E2). ``fields["seq"]`` is set to ``seq``.
+
+    Returns:
+        The same bytes as :func:`encode_event` of that event under ``seq`` (SPEC D1).
+    """
+    fields["seq"] = seq  # the key exists (the dump's default is not None): its place is kept
+    return orjson.dumps(fields)
+
+
 def encode_result(
     seq: int,
     call_id: str,

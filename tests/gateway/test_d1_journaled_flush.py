@@ -689,12 +689,16 @@ async def test_d6_an_owed_commit_failing_on_a_lock_starts_an_outage(tmp_path: Pa
     gw = Gateway(settings)
     await gw.start()
     db = settings.data_dir / "toolbus.db"
-    locker = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", LOCKER, str(db), stdin=PIPE, stdout=PIPE
-    )
+    locker = None
     try:
         async with checked_peer(gw, stored_in(db)) as a:
             await a.expect("catalog")
+            # The hello's own owed commit lands first: a lock taken before it would
+            # start the outage before a1, whose result would then be held, not sent.
+            await until(lambda: not gw.store.owed, "the hello's owed commit landed")
+            locker = await asyncio.create_subprocess_exec(
+                sys.executable, "-c", LOCKER, str(db), stdin=PIPE, stdout=PIPE
+            )
             assert locker.stdout is not None
             assert await locker.stdout.readline() == b"locked\n"
             await a.invoke("a1", "convert_units", CONVERT)
@@ -712,8 +716,9 @@ async def test_d6_an_owed_commit_failing_on_a_lock_starts_an_outage(tmp_path: Pa
             await until(lambda: gw.outbox.failing_since is None, "commits again")
             await resumes_agree(gw, a)
     finally:
-        if locker.returncode is None:
-            locker.kill()
-        await locker.communicate()
+        if locker is not None:
+            if locker.returncode is None:
+                locker.kill()
+            await locker.communicate()
         await gw.drain()
     assert orjson.loads(_file_events(db, a.welcome["session_id"])[-1][1])["call_id"] == "a2"

@@ -106,3 +106,14 @@ def test_d1_encode_result_gives_the_bytes_of_the_result_model(
         seq, call_id, tool, codec.encode_plain_json(result), declined, replaced
     )
     assert spliced == codec.encode_event(event, seq)
+
+
+@pytest.mark.parametrize(("message", "raw"), DURABLE_GOLDEN, ids=_ids(DURABLE_GOLDEN))
+def test_d1_encode_dumped_gives_the_golden_bytes(message: BaseModel, raw: bytes) -> None:
+    """SPEC D1, J4: an event dumped once under any seq (the job end checks and sizes its
+    ``job.done`` that way before staging anything) and numbered by ``encode_dumped``
+    gives the very bytes of :func:`encode_event` under the golden seq."""
+    seq = message.seq  # type: ignore[attr-defined]
+    dumped = message.model_copy(update={"seq": 1}).model_dump(exclude_none=True)
+    assert codec.encode_dumped(dumped, seq) == raw
+    assert codec.encode_dumped(dumped, seq) == codec.encode_event(message, seq)  # type: ignore[arg-type]
