@@ -265,6 +265,18 @@ class Link:
                 self.close(CloseCode.INTERNAL_ERROR, "internal error")
 
 
+BURST = 16
+"""Queued frames at which :meth:`Outbox.flush_burst` flushes before the tick ends, where
+a flush is a journal append (SQLite). It was 64: a job end cost about 130 us of loop
+time here, so a slice's first frame waited about 8 ms for its flush; with 16, P5's p99
+went from 12.2 to 6.0 ms, the burst taking no longer (docs/bench.md, issue 13)."""
+
+BURST_COMMIT = 64
+"""The same where a flush is a commit (PostgreSQL). 16 measured better there too (P5p
+p99 25 -> 20 ms), but a drill failed once with it in a full test run and the cause is
+not known yet (docs/bench.md, "Issue 13, twelfth session"), so it stays at 64."""
+
+
 class Outbox:
     """Group commit and ordered delivery for every session (SPEC D1, D6).
 
@@ -299,12 +311,6 @@ class Outbox:
 
     RETRY_FIRST = 0.005
     """First pause, in seconds, before a failed commit is tried again."""
-    BURST = 16
-    """Queued frames at which :meth:`flush_burst` flushes before the tick ends. A job end
-    cost about 130 us of loop time on the twelfth session's machine, so the first frame
-    of a slice of 64 waited about 8 ms for its flush; slices of 16 cut P5's p99 from
-    12.2 to 6.0 ms and P5p's PostgreSQL p99 from 25 to 20 ms in one run, the burst
-    taking no longer (docs/bench.md, issue 13)."""
 
     def __init__(
         self,
@@ -392,12 +398,13 @@ class Outbox:
         return True
 
     def flush_burst(self) -> bool:
-        """Flush now if :attr:`BURST` frames or more are queued and commits do not fail
-        (else ``False``; or as :meth:`flush`): jobs woken in one loop turn (P5, P5p on
-        PostgreSQL) leave in slices. While commits fail the retry timer decides (each
-        attempt may wait out a lock timeout). Call it only where the caller's rows and
-        event are all staged: there a flush is as safe as the tick's."""
-        return self.queued >= self.BURST and self.failing_since is None and self.flush()
+        """Flush now if :data:`BURST` frames (:data:`BURST_COMMIT` where a flush commits)
+        or more are queued and commits do not fail (else ``False``; or as :meth:`flush`):
+        jobs woken in one loop turn (P5, P5p) leave in slices. While commits fail the
+        retry timer decides (each attempt may wait out a lock timeout). Call it only
+        where the caller's rows and event are all staged: a flush is as safe there."""
+        burst = BURST if self._store.journals else BURST_COMMIT
+        return self.queued >= burst and self.failing_since is None and self.flush()
 
     def commit(self) -> bool:
         """Make what is staged durable now (journal or commit), without delivering: queued
