@@ -28,8 +28,8 @@ def _row() -> JobRow:
         context={"project_id": "p1"},
         created_at=10.0,
         started_at=11.0,
-        finished_at=None,
-        summary=None,
+        finished_at=12.0,
+        summary="old summary",
         artifacts=[{"uri": "a"}],
         result={"old": True},
         error={"code": "x", "message": "y"},
@@ -67,4 +67,20 @@ def test_j4_ended_is_replace_of_the_end_fields() -> None:
     expected = dataclasses.replace(row, state="done", **ends)
     assert dataclasses.astuple(ended) == dataclasses.astuple(expected)
     assert ended == expected
-    assert row.finished_at is None
+    assert row.finished_at == 12.0
+
+
+def test_j4_ended_as_failed_and_cancelled_keeps_what_they_keep() -> None:
+    """SPEC J4, J3: ``JobEnd.failed`` and ``JobEnd.cancelled`` pass the row's own
+    artifacts and result (and, cancelled, its error) back to ``ended``: the rows equal
+    the ``replace`` calls they stand in for."""
+    row = _row()
+    error = {"code": "handler_error", "message": "boom"}
+    failed = row.ended("failed", 20.0, "failed: boom", row.artifacts, row.result, error)
+    assert failed == dataclasses.replace(
+        row, state="failed", finished_at=20.0, summary="failed: boom", error=error
+    )
+    cancelled = row.ended("cancelled", 21.0, "cancelled", row.artifacts, row.result, row.error)
+    assert cancelled == dataclasses.replace(
+        row, state="cancelled", finished_at=21.0, summary="cancelled"
+    )
