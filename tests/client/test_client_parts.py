@@ -7,6 +7,8 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from protocol import messages as m
 from toolbus.client import Client
 from toolbus.client_approvals import Approvals
@@ -104,3 +106,21 @@ def test_k1_invoke_frame_is_the_bytes_encode_writes() -> None:
     )
     ack = m.Ack(seq=5)
     assert frame_of(ack) == encode(ack) == b'{"type":"ack","seq":5}'
+
+
+def test_i15_default_call_ids_are_unique_and_sort_in_the_order_made(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """SPEC I12, I15: the client's default ids sort in the order of the clock they were
+    made by (the server's call-id indexes then grow at their end, issue 13) and never
+    repeat, also when many are made within one clock tick or the clock steps back."""
+    from toolbus import client
+
+    ticks = iter([5, 5, 6, 2**40, 2**40 + 1] + [3] * 1_000)
+    monkeypatch.setattr(client.time, "time_ns", lambda: next(ticks))
+    ids = [client.new_call_id() for _ in range(1_005)]
+    assert len(set(ids)) == len(ids)  # the random part: also within one tick, or back
+    assert ids[:5] == sorted(ids[:5])  # a later clock sorts later
+    assert ids[5] < ids[4]  # a clock that stepped back sorts back; still unique
+    assert all(len(i) == 35 and i.startswith("c-") for i in ids)
+    assert ids[2][:19] == "c-0000000000000006-"
