@@ -143,10 +143,10 @@ class JobEnd:
             return
         row = job.row
         self._end(job, row.ended(m.JobState.DONE, now, summary, artifacts, result, row.error))
-        if not job.session.ended:
-            # The event checked above, its bytes under the session's next seq (SPEC D1):
-            # the same as emitting a JobDone built again, without building it (P5).
-            job.session.emit_encoded(partial(encode_dumped, fields))
+        # The event checked above, its bytes under the session's next seq (SPEC D1): the
+        # same as emitting a JobDone built again, without building it (P5). An ended
+        # session logs and sends nothing (Session.emit_encoded).
+        job.session.emit_encoded(partial(encode_dumped, fields))
 
     def failed(self, job: ActiveJob, error: dict[str, Any]) -> None:
         # SPEC I16: a message JSON cannot carry (a lone surrogate) must not leave the job
@@ -177,12 +177,9 @@ class JobEnd:
     def cancelled(self, job: ActiveJob) -> None:
         now = self._clock()
         summary = f"{job.row.tool} was cancelled"
-        row = job.row
-        self._end(
-            job,
-            row.ended(m.JobState.CANCELLED, now, summary, row.artifacts, row.result, row.error),
-        )
-        row = job.row
+        old = job.row
+        row = old.ended(m.JobState.CANCELLED, now, summary, old.artifacts, old.result, old.error)
+        self._end(job, row)
         cancelled = m.JobCancelled(
             job_id=row.job_id, tool=row.tool, call_id=row.call_id, summary=summary, finished_at=now
         )
