@@ -21,7 +21,7 @@ from typing import Any
 import psycopg
 
 from gateway.config import NodesConfig
-from gateway.pg_fence import CHANNEL, Fence
+from gateway.pg_fence import CHANNEL, Fence, claim_all
 from gateway.store import StoreError
 from gateway.store_pg import PgStore
 
@@ -127,12 +127,7 @@ class NodeLease:
             self._renew(db)
             alone = len(dead) == len(others)
             if alone:
-                claimed = db.execute(
-                    "UPDATE sessions SET owner_node=%s, owner_epoch=owner_epoch+1 "
-                    "RETURNING session_id, owner_epoch",
-                    (self.id,),
-                ).fetchall()
-                self._fence.epochs.update({sid: int(epoch) for sid, epoch in claimed})
+                self._fence.epochs.update(claim_all(db, self.id))
         logger.info("node %s registered (alone=%s)", self.id, alone)
         return alone
 

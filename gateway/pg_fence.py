@@ -4,12 +4,19 @@ A session lives on one node at a time. Its row holds ``owner_node`` and ``owner_
 a node that takes a session over (:meth:`Fence.take_over`) raises the epoch by one, and
 the new value is that node's *fencing token* for the session. Every commit of a node
 that touches sessions (events, rows, counters, call records, deletions) first reads the
-touched rows ``FOR SHARE`` in the same transaction (:meth:`Fence.check`): a session whose
+touched rows ``FOR KEY SHARE`` in the same transaction (:meth:`Fence.check`): a session whose
 epoch is no longer this node's token is *fenced*. Nothing of it is written under its
 ``seq`` and nothing of it is sent (SPEC D1); its events, unless they came from the inbox,
 go to the ``inbox`` table for the new owner, which gives them its own ``seq`` (SPEC N3).
-The row lock orders a take-over and a commit: a take-over waits for a commit holding the
-row, and a commit after a take-over sees the new epoch.
+The row lock orders a take-over and a commit: a take-over (``SELECT ... FOR UPDATE``, as
+every change of an epoch is: :meth:`Fence.take_over`, :func:`claim_all`) waits for a
+commit holding the row, and a commit after a take-over sees the new epoch. ``FOR KEY
+SHARE`` is the weakest lock that does this: it conflicts with ``FOR UPDATE`` and
+``DELETE``, not with the owner's own row updates (``FOR NO KEY UPDATE``: counters, the
+session row), so a node forwarding events of a session another node now holds, or
+checking one it holds itself, never waits for the owner's commits, nor they for it. With
+``FOR SHARE`` the two waited for each other, and under load a wait past
+``lock_timeout`` (100 ms) failed a commit that had nothing to wait for.
 
 The inbox: the owner reads the rows of its sessions (:meth:`Fence.inbox`), emits each as
 a new event of the session and deletes the row in the commit that stores the event
@@ -127,13 +134,13 @@ class Fence:
 
     def check(self, cur: _Cursor, touched: set[str]) -> dict[str, str | None]:
         """Inside a commit's transaction: the touched sessions this node does not hold
-        (SPEC N2), each with its owner now (``None``: no such session). Holds a share
-        lock on the rows of the others until the commit ends."""
+        (SPEC N2), each with its owner now (``None``: no such session). Holds a key share
+        lock on every touched row until the commit ends: a take-over of one waits."""
         if not touched:
             return {}
         cur.execute(
             "SELECT session_id, owner_node, owner_epoch FROM sessions "
-            "WHERE session_id = ANY(%s) FOR SHARE",
+            "WHERE session_id = ANY(%s) FOR KEY SHARE",
             (sorted(touched),),
         )
         rows = {sid: (node, epoch) for sid, node, epoch in cur.fetchall()}
@@ -220,3 +227,25 @@ class TakeOver:
     previous: str | None
     epoch: int
     kept: bool
+
+
+def claim_all(db: psycopg.Connection[tuple[Any, ...]], node_id: str) -> dict[str, int]:
+    """Make ``node_id`` the owner of every stored session, each epoch raised by one
+    (SPEC N2, N4: a node that starts alone claims the work of the dead ones). Run it in
+    the caller's transaction. The rows are locked ``FOR UPDATE`` first, as a take-over's
+    are, so the claim waits for a commit still checking one of them (:meth:`Fence.check`);
+    a plain ``UPDATE`` would not wait for its ``FOR KEY SHARE``.
+
+    Returns:
+        The claimed sessions and this node's new token of each.
+
+    Raises:
+        psycopg.Error: the database refused (a lock held past ``lock_timeout``).
+    """
+    db.execute("SELECT 1 FROM sessions FOR UPDATE")
+    claimed = db.execute(
+        "UPDATE sessions SET owner_node=%s, owner_epoch=owner_epoch+1 "
+        "RETURNING session_id, owner_epoch",
+        (node_id,),
+    ).fetchall()
+    return {sid: int(epoch) for sid, epoch in claimed}

@@ -4,9 +4,10 @@ arrives."""
 
 from __future__ import annotations
 
+import psycopg
 import pytest
 
-from gateway.pg_fence import Fence
+from gateway.pg_fence import Fence, claim_all
 from gateway.store import StoreUnavailable
 from gateway.store_pg import PgStore
 from gateway.store_rows import SessionRow
@@ -132,4 +133,62 @@ def test_n4_a_dead_nodes_claim_leaves_a_session_its_client_resumed_elsewhere(
     assert lost_b == []
     assert b.events_after("s1", 0) == [(1, b'{"type":"result","seq":1}')]
     for store in (a, b, c):
+        store.close()
+
+
+def test_n2_a_commit_checking_a_session_never_waits_for_its_owners_commit(
+    pg_url: str,  # noqa: F811
+) -> None:
+    """SPEC N2, N3, D6: A forwards events of s1, which B now holds. While A's commit has
+    checked s1 (its transaction open, the check's lock held), B's commits of s1 (an
+    event, its counters, its session row) go through at once: the check's lock (``FOR
+    KEY SHARE``) does not conflict with the owner's row updates. With ``FOR SHARE``,
+    B's `UPDATE` waited for A's transaction and failed at ``lock_timeout`` (100 ms): under
+    load, a commit failed that had nothing to wait for. A take-over still waits for the
+    check (the fencing order): C's fails while A's transaction is open, succeeds after."""
+    a, b, c = _node(pg_url, "a", []), _node(pg_url, "b", []), _node(pg_url, "c", [])
+    a.stage_session(_row("s1"))
+    a.commit()
+    assert b.take_over("s1") is not None
+    fence = a.fence
+    assert fence is not None
+    db = a.link.conn()
+    with db.transaction(), db.cursor() as cur:
+        assert fence.check(cur, {"s1"}) == {"s1": "b"}  # A sees it fenced, holds the lock
+        b.stage_event("s1", 1, b'{"type":"result","seq":1}')
+        b.stage_seq("s1", 1, 1, 0)
+        b.stage_session(_row("s1"))
+        b.commit()  # no wait: StoreUnavailable here with FOR SHARE
+        with pytest.raises(StoreUnavailable):
+            c.take_over("s1")  # waits on A's check until lock_timeout
+    assert b.events_after("s1", 0) == [(1, b'{"type":"result","seq":1}')]
+    taken = c.take_over("s1")
+    assert taken is not None
+    assert (taken[1].previous, taken[1].epoch) == ("b", 3)
+    for store in (a, b, c):
+        store.close()
+
+
+def test_n4_a_node_claiming_every_session_waits_for_a_commit_checking_one(
+    pg_url: str,  # noqa: F811
+) -> None:
+    """SPEC N4, N2: a node that starts alone claims every stored session
+    (:func:`gateway.pg_fence.claim_all`). A commit of a node that is still checking one
+    of them (a node declared dead that still runs) holds the check's lock: the claim
+    waits for it, as a take-over does, and fails at ``lock_timeout`` while it is held;
+    once it ends, the claim raises every epoch."""
+    a, c = _node(pg_url, "a", []), _node(pg_url, "c", [])
+    a.stage_session(_row("s1"))
+    a.stage_session(_row("s2"))
+    a.commit()
+    fence = a.fence
+    assert fence is not None
+    db, other = a.link.conn(), c.link.conn()
+    with db.transaction(), db.cursor() as cur:
+        assert fence.check(cur, {"s1"}) == {}  # A's own session: held, checked
+        with pytest.raises(psycopg.errors.LockNotAvailable), other.transaction():
+            claim_all(other, "c")
+    with other.transaction():
+        assert claim_all(other, "c") == {"s1": 2, "s2": 2}
+    for store in (a, c):
         store.close()
