@@ -266,15 +266,12 @@ class Link:
 
 
 BURST = 16
-"""Queued frames at which :meth:`Outbox.flush_burst` flushes before the tick ends, where
-a flush is a journal append (SQLite). It was 64: a job end cost about 130 us of loop
-time here, so a slice's first frame waited about 8 ms for its flush; with 16, P5's p99
-went from 12.2 to 6.0 ms, the burst taking no longer (docs/bench.md, issue 13)."""
-
-BURST_COMMIT = 64
-"""The same where a flush is a commit (PostgreSQL). 16 measured better there too (P5p
-p99 25 -> 20 ms), but a drill failed once with it in a full test run and the cause is
-not known yet (docs/bench.md, "Issue 13, twelfth session"), so it stays at 64."""
+"""Queued frames at which :meth:`Outbox.flush_burst` flushes before the tick ends. It was
+64: a job end cost about 130 us of loop time here, so a slice's first frame waited about
+8 ms for its flush. With 16, P5's p99 went from 12.2 to 6.0 ms on SQLite (a flush is a
+journal append), the burst taking no longer; on PostgreSQL (a flush is a commit) P5p's
+median p50 went from 10.95 to 5.29 ms over 5 interleaved runs, p99 16.4 to 16.0 ms
+(docs/bench.md, issue 13)."""
 
 
 class Outbox:
@@ -398,13 +395,13 @@ class Outbox:
         return True
 
     def flush_burst(self) -> bool:
-        """Flush now if :data:`BURST` frames (:data:`BURST_COMMIT` where a flush commits)
-        or more are queued and commits do not fail (else ``False``; or as :meth:`flush`):
-        jobs woken in one loop turn (P5, P5p) leave in slices. While commits fail the
-        retry timer decides (each attempt may wait out a lock timeout). Call it only
-        where the caller's rows and event are all staged: a flush is as safe there."""
-        burst = BURST if self._store.journals else BURST_COMMIT
-        return self.queued >= burst and self.failing_since is None and self.flush()
+        """Flush now if :data:`BURST` frames or more are queued and commits do not fail
+        (else ``False``; or as :meth:`flush`): jobs woken in one loop turn (P5, P5p)
+        leave in slices, each a journal append (SQLite) or a commit (PostgreSQL). While
+        commits fail the retry timer decides (each attempt may wait out a lock timeout).
+        Call it only where the caller's rows and event are all staged: a flush is as
+        safe there."""
+        return self.queued >= BURST and self.failing_since is None and self.flush()
 
     def commit(self) -> bool:
         """Make what is staged durable now (journal or commit), without delivering: queued

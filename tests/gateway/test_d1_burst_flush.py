@@ -4,8 +4,8 @@ J4; issue 13, P5; ``Outbox.flush_burst``).
 A thousand job timers firing together wake a thousand job tasks in one loop turn; the
 tick's flush runs only after all of them, so the first job's event waited for every
 other job's end (P5 measured a p99 of 59 to 103 ms). A job task that has staged its
-row and event flushes once :data:`BURST` frames are queued (where a flush is a
-journal append; :data:`BURST_COMMIT` where it is a commit). Checked on a real
+row and event flushes once :data:`BURST` frames are queued (a journal append on SQLite,
+a commit on PostgreSQL). Checked on a real
 gateway: every handler notes how many frames were queued when it woke; all wake in one
 turn (the queue grows) and it never reaches the burst size.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.outbox import BURST, BURST_COMMIT
+from gateway.outbox import BURST
 from tests.gateway import ledger_tools as lt
 from tests.gateway.store_faults import until
 from tests.pg_support import admin, fresh_schema, store_backend  # noqa: F401 (fixture)
@@ -24,7 +24,7 @@ from tests.support import peer, running
 
 FAILURES = "toolbus_store_commit_failures_total"
 
-JOBS = 3 * BURST_COMMIT
+JOBS = 3 * BURST
 
 
 async def _burst(tmp_path: Path) -> tuple[lt.Gate, str, bool]:
@@ -54,29 +54,28 @@ async def test_d1_jobs_ending_in_one_turn_leave_in_bursts(
 ) -> None:
     """Three bursts' worth of jobs released at once: their handlers run in one turn,
     and each sees the frames of the jobs that ended before it since the last burst's
-    flush, so the queue goes up to the burst size less one and never further: `BURST`
-    on SQLite, where a flush is a journal append; `BURST_COMMIT` on PostgreSQL (SPEC
-    N1), where each slice is a commit, a round trip made on the event loop: the slices
-    still beat the turn's one commit of every job's row and event (P5p: p99 13 to 15 ms
-    against 106 ms for 1,000 jobs)."""
+    flush, so the queue goes up to the burst size less one and never further, on
+    SQLite, where a flush is a journal append, and on PostgreSQL (SPEC N1), where each
+    slice is a commit, a round trip made on the event loop: the slices still beat the
+    turn's one commit of every job's row and event (P5p: p99 13 to 16 ms against 106 ms
+    for 1,000 jobs)."""
     gate, store, journals = await _burst(tmp_path)
     assert store == ("SqliteStore" if store_backend == "sqlite" else "PgStore")
     assert journals is (store_backend == "sqlite")
-    burst = BURST if journals else BURST_COMMIT
-    assert gate.queued == [n % burst for n in range(JOBS)]
+    assert gate.queued == [n % BURST for n in range(JOBS)]
 
 
 async def test_d6_on_postgresql_a_locked_table_costs_a_burst_one_attempt_per_slice_at_most(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """SPEC D6, D1 (found in review): another connection holds `LOCK TABLE jobs` while
-    640 jobs end together. Each commit attempt waits out the lock timeout on the loop;
+    160 jobs end together. Each commit attempt waits out the lock timeout on the loop;
     once one failed, the other slices do not try again (the retry timer decides,
     counted from the failed attempt's end), so until the last job woke there were
     at most three attempts (the first slice's, the turn's flush, one retry), not one
-    per slice of 64 (7 were counted before the fix).
+    per slice of 16 (before the fix, 7 attempts were counted for 10 slices of 64).
     Once the lock is gone every `job.done` arrives once, with gap-free seqs."""
-    jobs = 10 * BURST_COMMIT
+    jobs = 10 * BURST
     gate = lt.reset()
     with fresh_schema() as url:
         monkeypatch.setenv("TOOLBUS_STORE__URL", url)
