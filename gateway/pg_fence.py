@@ -4,8 +4,8 @@ A session lives on one node at a time. Its row holds ``owner_node`` and ``owner_
 a node that takes a session over (:meth:`Fence.take_over`) raises the epoch by one, and
 the new value is that node's *fencing token* for the session. Every commit of a node
 that touches sessions (events, rows, counters, call records, deletions) first reads the
-touched rows ``FOR KEY SHARE`` in the same transaction (:meth:`Fence.check`): a session whose
-epoch is no longer this node's token is *fenced*. Nothing of it is written under its
+touched rows ``FOR KEY SHARE`` in the same transaction (:meth:`Fence.check`): a session
+whose epoch is no longer this node's token is *fenced*. Nothing of it is written under its
 ``seq`` and nothing of it is sent (SPEC D1); its events, unless they came from the inbox,
 go to the ``inbox`` table for the new owner, which gives them its own ``seq`` (SPEC N3).
 The row lock orders a take-over and a commit: a take-over (``SELECT ... FOR UPDATE``, as
@@ -13,10 +13,11 @@ every change of an epoch is: :meth:`Fence.take_over`, :func:`claim_all`) waits f
 commit holding the row, and a commit after a take-over sees the new epoch. ``FOR KEY
 SHARE`` is the weakest lock that does this: it conflicts with ``FOR UPDATE`` and
 ``DELETE``, not with the owner's own row updates (``FOR NO KEY UPDATE``: counters, the
-session row), so a node forwarding events of a session another node now holds, or
-checking one it holds itself, never waits for the owner's commits, nor they for it. With
-``FOR SHARE`` the two waited for each other, and under load a wait past
-``lock_timeout`` (100 ms) failed a commit that had nothing to wait for.
+session row), so a node forwarding events of a session another node now holds never
+waits for the owner's updates of that row, nor they for its check (the owner's
+``DELETE`` of an ended session still orders with it). With ``FOR SHARE`` the two waited
+for each other, and under load a wait past ``lock_timeout`` (100 ms) failed a commit
+that had nothing to wait for.
 
 The inbox: the owner reads the rows of its sessions (:meth:`Fence.inbox`), emits each as
 a new event of the session and deletes the row in the commit that stores the event
@@ -178,13 +179,14 @@ class Fence:
 
     def _alive(self, cur: _Cursor) -> None:
         """Inside a commit that forwards events: this node's row must still exist (read
-        ``FOR SHARE``, which orders it with a claim's ``DELETE``); a node whose work was
-        claimed forwards nothing, since the claimer settled it (SPEC N4).
+        ``FOR KEY SHARE``, which orders it with a claim's ``DELETE`` but not with this
+        node's lease renewals, an ``UPDATE`` on another connection); a node whose work
+        was claimed forwards nothing, since the claimer settled it (SPEC N4).
 
         Raises:
             StoreUnavailable: the node was declared dead; the transaction rolls back.
         """
-        cur.execute("SELECT 1 FROM nodes WHERE node_id=%s FOR SHARE", (self.node_id,))
+        cur.execute("SELECT 1 FROM nodes WHERE node_id=%s FOR KEY SHARE", (self.node_id,))
         if cur.fetchone() is None:
             self.dead = True
             raise StoreUnavailable(f"node {self.node_id} was declared dead")
@@ -232,9 +234,13 @@ class TakeOver:
 def claim_all(db: psycopg.Connection[tuple[Any, ...]], node_id: str) -> dict[str, int]:
     """Make ``node_id`` the owner of every stored session, each epoch raised by one
     (SPEC N2, N4: a node that starts alone claims the work of the dead ones). Run it in
-    the caller's transaction. The rows are locked ``FOR UPDATE`` first, as a take-over's
-    are, so the claim waits for a commit still checking one of them (:meth:`Fence.check`);
-    a plain ``UPDATE`` would not wait for its ``FOR KEY SHARE``.
+    the caller's transaction. The rows are locked ``FOR UPDATE``, as a take-over's are,
+    so the claim waits for a commit still checking one of them (:meth:`Fence.check`); a
+    plain ``UPDATE`` would not wait for its ``FOR KEY SHARE``. Lock and update are one
+    statement, one snapshot: a row committed after the lock was taken (a session a
+    node declared dead creates meanwhile) is neither locked nor claimed; as two
+    statements, the ``UPDATE`` would raise its epoch without the lock, and that node's
+    next check would not wait for it.
 
     Returns:
         The claimed sessions and this node's new token of each.
@@ -242,10 +248,11 @@ def claim_all(db: psycopg.Connection[tuple[Any, ...]], node_id: str) -> dict[str
     Raises:
         psycopg.Error: the database refused (a lock held past ``lock_timeout``).
     """
-    db.execute("SELECT 1 FROM sessions FOR UPDATE")
     claimed = db.execute(
-        "UPDATE sessions SET owner_node=%s, owner_epoch=owner_epoch+1 "
-        "RETURNING session_id, owner_epoch",
+        "WITH locked AS (SELECT session_id FROM sessions FOR UPDATE) "
+        "UPDATE sessions s SET owner_node=%s, owner_epoch=s.owner_epoch+1 "
+        "FROM locked WHERE s.session_id = locked.session_id "
+        "RETURNING s.session_id, s.owner_epoch",
         (node_id,),
     ).fetchall()
     return {sid: int(epoch) for sid, epoch in claimed}

@@ -159,7 +159,7 @@ def test_n2_a_commit_checking_a_session_never_waits_for_its_owners_commit(
         b.stage_seq("s1", 1, 1, 0)
         b.stage_session(_row("s1"))
         b.commit()  # no wait: StoreUnavailable here with FOR SHARE
-        with pytest.raises(StoreUnavailable):
+        with pytest.raises(StoreUnavailable, match="lock timeout"):
             c.take_over("s1")  # waits on A's check until lock_timeout
     assert b.events_after("s1", 0) == [(1, b'{"type":"result","seq":1}')]
     taken = c.take_over("s1")
@@ -192,3 +192,25 @@ def test_n4_a_node_claiming_every_session_waits_for_a_commit_checking_one(
         assert claim_all(other, "c") == {"s1": 2, "s2": 2}
     for store in (a, c):
         store.close()
+
+
+def test_n4_a_forwarding_commit_never_waits_for_its_nodes_lease_renewal(
+    pg_url: str,  # noqa: F811
+) -> None:
+    """SPEC N3, N4, D6: a commit that forwards events first reads its own ``nodes`` row
+    (a node declared dead forwards nothing). While a lease renewal of that row (an
+    `UPDATE` of ``lease_until``, as the node's lease connection runs every
+    ``lease_interval``) is in flight, the forward goes through: the read is ``FOR KEY
+    SHARE``. With ``FOR SHARE`` it waited for the renewal and failed at ``lock_timeout``."""
+    a, b = _node(pg_url, "a", []), _node(pg_url, "b", [])
+    a.stage_session(_row("s1"))
+    a.commit()
+    assert b.take_over("s1") is not None
+    renewal = b.link.conn()  # any other connection: the lease has one of its own
+    with renewal.transaction():
+        renewal.execute("UPDATE nodes SET lease_until = 2e12 WHERE node_id = 'a'")
+        a.stage_event("s1", 2, b'{"type":"job.done","seq":2}')
+        a.commit()  # forwarded: StoreUnavailable here with FOR SHARE
+    assert [(sid, body) for _, sid, body in b.inbox(10)] == [("s1", b'{"type":"job.done","seq":2}')]
+    a.close()
+    b.close()
