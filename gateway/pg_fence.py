@@ -237,10 +237,10 @@ def claim_all(db: psycopg.Connection[tuple[Any, ...]], node_id: str) -> dict[str
     the caller's transaction. The rows are locked ``FOR UPDATE``, as a take-over's are,
     so the claim waits for a commit still checking one of them (:meth:`Fence.check`); a
     plain ``UPDATE`` would not wait for its ``FOR KEY SHARE``. Lock and update are one
-    statement, one snapshot: a row committed after the lock was taken (a session a
+    statement, one snapshot: a row committed after the statement began (a session a
     node declared dead creates meanwhile) is neither locked nor claimed; as two
-    statements, the ``UPDATE`` would raise its epoch without the lock, and that node's
-    next check would not wait for it.
+    statements, the ``UPDATE`` would raise such a row's epoch without the lock, and
+    that node's next check would not wait for it.
 
     Returns:
         The claimed sessions and this node's new token of each.

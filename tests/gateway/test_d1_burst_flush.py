@@ -5,9 +5,9 @@ A thousand job timers firing together wake a thousand job tasks in one loop turn
 tick's flush runs only after all of them, so the first job's event waited for every
 other job's end (P5 measured a p99 of 59 to 103 ms). A job task that has staged its
 row and event flushes once :data:`BURST` frames are queued (a journal append on SQLite,
-a commit on PostgreSQL). Checked on a real
-gateway: every handler notes how many frames were queued when it woke; all wake in one
-turn (the queue grows) and it never reaches the burst size.
+a commit on PostgreSQL). Checked on a real gateway: every handler notes how many frames
+were queued when it woke; all wake in one turn (the queue grows) and it never reaches
+the burst size.
 """
 
 from __future__ import annotations

@@ -136,7 +136,7 @@ def test_n4_a_dead_nodes_claim_leaves_a_session_its_client_resumed_elsewhere(
         store.close()
 
 
-def test_n2_a_commit_checking_a_session_never_waits_for_its_owners_commit(
+def test_n2_a_commit_checking_a_session_never_waits_for_its_owners_row_updates(
     pg_url: str,  # noqa: F811
 ) -> None:
     """SPEC N2, N3, D6: A forwards events of s1, which B now holds. While A's commit has
