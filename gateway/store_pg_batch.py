@@ -107,6 +107,9 @@ class PgBatch:
     """Sessions ended here (fenced like every write of a session, SPEC N2)."""
     purged: list[str] = field(default_factory=list)
     """Sessions expired wherever they were held: the purge is not fenced (SPEC D2, N2)."""
+    purged_at: float | None = None
+    """The purge's ``now`` (Unix s): a purged session is deleted only if its row is still
+    expired then, in the commit that deletes it."""
     purge_before: float | None = None
 
     def put_call(
@@ -172,7 +175,17 @@ class PgBatch:
 
     def _write_deletes(self, cur: psycopg.Cursor[tuple[Any, ...]], fenced: set[str]) -> None:
         """Sessions ended and jobs past retention, last in the batch (SPEC D2)."""
-        deletes = [sid for sid in self.deletes if sid not in fenced] + self.purged
+        deletes = [sid for sid in self.deletes if sid not in fenced]
+        if self.purged:
+            # SPEC D2, D3: the purge read these as expired; one resumed since (its row's
+            # expires_at cleared or moved on, committed by its node while this commit
+            # waited or failed) keeps its row and its log.
+            cur.execute(
+                "DELETE FROM sessions WHERE session_id = ANY(%s) AND expires_at < %s "
+                "RETURNING session_id",
+                (self.purged, self.purged_at),
+            )
+            deletes += [sid for (sid,) in cur.fetchall()]
         if deletes:
             rows = [(sid,) for sid in deletes]
             for table in ("sessions", "events", "calls"):

@@ -4,6 +4,8 @@ arrives."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import psycopg
 import pytest
 
@@ -11,7 +13,7 @@ from gateway.pg_fence import Fence, claim_all
 from gateway.store import StoreUnavailable
 from gateway.store_pg import PgStore
 from gateway.store_rows import SessionRow
-from tests.pg_support import pg_url  # noqa: F401 (fixture)
+from tests.pg_support import admin, pg_url  # noqa: F401 (fixture)
 
 
 def _row(sid: str) -> SessionRow:
@@ -212,5 +214,36 @@ def test_n4_a_forwarding_commit_never_waits_for_its_nodes_lease_renewal(
         a.stage_event("s1", 2, b'{"type":"job.done","seq":2}')
         a.commit()  # forwarded: StoreUnavailable here with FOR SHARE
     assert [(sid, body) for _, sid, body in b.inbox(10)] == [("s1", b'{"type":"job.done","seq":2}')]
+    a.close()
+    b.close()
+
+
+def test_d2_a_session_resumed_after_the_purge_read_it_keeps_its_row_and_log(
+    pg_url: str,  # noqa: F811
+) -> None:
+    """SPEC D2, D3, N2: node B's purge reads s1 as expired (its row's ``expires_at`` has
+    passed), but its commit fails: another connection holds ``LOCK TABLE jobs`` (the
+    purge's job retention deletes from it). Meanwhile s1's node A resumes it and commits
+    its row with ``expires_at`` cleared. When B's commit goes through, s1 keeps its row
+    and its events; s2, still expired, is deleted with its events. Before, the purge's
+    `DELETE` did not look at ``expires_at`` again and removed the live session's log."""
+    a, b = _node(pg_url, "a", []), _node(pg_url, "b", [])
+    for sid in ("s1", "s2"):
+        a.stage_session(dataclasses.replace(_row(sid), expires_at=10.0))
+        a.stage_event(sid, 1, b'{"type":"catalog","seq":1}')
+    a.commit()
+    schema = pg_url.split("search_path%3D")[1]
+    with admin() as locker:
+        with locker.transaction():
+            locker.execute(f"LOCK TABLE {schema}.jobs IN ACCESS EXCLUSIVE MODE")
+            b.purge(now=20.0, job_retention=5.0)  # reads s1 and s2; its commit fails
+            assert b.dirty
+            a.stage_session(_row("s1"))  # resumed: expires_at None
+            a.commit()
+        b.commit()
+    assert b.load_session("s1") is not None
+    assert b.events_after("s1", 0) == [(1, b'{"type":"catalog","seq":1}')]
+    assert b.load_session("s2") is None
+    assert b.events_after("s2", 0) == []
     a.close()
     b.close()
