@@ -296,8 +296,7 @@ class PgStore(CommitsOnly):
         )
         # Expired wherever they were held: the purge is not fenced (SPEC D2, N2).
         self._batch.purged.extend(session_id for (session_id,) in rows)
-        self._batch.purged_at = now
-        self._batch.purge_before = now - job_retention
+        self._batch.purged_at, self._batch.purge_before = now, now - job_retention
         with contextlib.suppress(StoreUnavailable):
             self.commit()
 

@@ -12,6 +12,7 @@ import pytest
 from gateway.demo import handlers
 from gateway.server import Gateway
 from protocol import messages as m
+from tests.gateway.store_faults import until
 from tests.support import (
     MS,
     WAIT,
@@ -81,6 +82,11 @@ async def test_case_f07_resume_after_five_events_sends_six_onward(gateway: Gatew
         p.ws.transport.abort()
         async with asyncio.timeout(WAIT):
             await parked.wait()
+    # The call's result (seq 7) comes after its tool_start, from the handler's thread:
+    # resume once the session has it (the test once raced it under load: last_seq 6).
+    session = gateway.sessions.get(p.welcome["session_id"])
+    assert session is not None
+    await until(lambda: "c3" in session.done_calls, "c3's result")
     async with peer(gateway, **resume_fields(p, 5)) as again:
         assert again.welcome["resumed"] is True
         assert again.welcome["session_id"] == p.welcome["session_id"]
