@@ -174,8 +174,11 @@ class PgBatch:
         self._write_deletes(cur, fenced)
 
     def _write_deletes(self, cur: psycopg.Cursor[tuple[Any, ...]], fenced: set[str]) -> None:
-        """Sessions ended and jobs past retention, last in the batch (SPEC D2)."""
-        deletes = [sid for sid in self.deletes if sid not in fenced]
+        """Sessions ended, sessions purged that are still expired, jobs past retention,
+        last in the batch (SPEC D2)."""
+        gone = [sid for sid in self.deletes if sid not in fenced]
+        if gone:
+            cur.executemany("DELETE FROM sessions WHERE session_id=%s", [(s,) for s in gone])
         if self.purged:
             # SPEC D2, D3: the purge read these as expired; one resumed since (its row's
             # expires_at cleared or moved on, committed by its node while this commit
@@ -185,10 +188,10 @@ class PgBatch:
                 "RETURNING session_id",
                 (self.purged, self.purged_at),
             )
-            deletes += [sid for (sid,) in cur.fetchall()]
-        if deletes:
-            rows = [(sid,) for sid in deletes]
-            for table in ("sessions", "events", "calls"):
+            gone += [sid for (sid,) in cur.fetchall()]
+        if gone:
+            rows = [(sid,) for sid in gone]
+            for table in ("events", "calls"):
                 cur.executemany(f"DELETE FROM {table} WHERE session_id=%s", rows)
         if self.purge_before is not None:
             cur.execute(
