@@ -55,9 +55,12 @@ def credential(hello: m.Hello, ws: Socket) -> str | None:
     return hello.token or bearer(ws.header("Authorization"))
 
 
-def may_resume(hello: m.Hello, identity: Identity, found: Resumable, store: Store) -> bool:
-    """SPEC S6, D3: whether ``hello`` may resume the session ``found`` describes (its log
-    in ``store``); ``False``: resumed false. Checked before a take-over (SPEC N2).
+def may_resume(
+    hello: m.Hello, identity: Identity, found: Resumable, store: Store, now: float
+) -> bool:
+    """SPEC S6, D2, D3: whether ``hello`` may resume the session ``found`` describes (its
+    log in ``store``) at ``now`` (Unix s); ``False``: resumed false. Checked before a
+    take-over (SPEC N2).
 
     Raises:
         Refused: the principal's credential no longer grants the profile.
@@ -71,6 +74,11 @@ def may_resume(hello: m.Hello, identity: Identity, found: Resumable, store: Stor
         # SPEC S6, F19b: a resume is authenticated afresh; a credential of the same
         # principal that no longer grants the profile is refused like a fresh hello.
         raise Refused(refusal.code, refusal.message, CloseCode.AUTH_FAILED)
+    if found.expires_at is not None and found.expires_at <= now:
+        # SPEC D2: past its resume window the session is over, on the clock the purge
+        # reads too: its timer may not have fired yet, or the purge may have deleted its
+        # rows already. Left to end as it would.
+        return False
     last = hello.last_seq or 0
     if last < found.floor_seq or last > found.last_seq:
         # SPEC D3: the history no longer reaches back (or the client claims events it
@@ -232,7 +240,7 @@ class SessionOpener:
             # but only once every check below passed on the stored session: a refused
             # resume leaves it with its owner, its socket open (SPEC D4, S6).
             found = node.resumable(hello.session_id, hello.resume_token)
-            if found is None or not may_resume(hello, identity, found, self.store):
+            if found is None or not may_resume(hello, identity, found, self.store, self.clock()):
                 return None, ""
             session = node.take(hello.session_id)
         else:
@@ -243,7 +251,7 @@ class SessionOpener:
             or not session.token_matches(hello.resume_token)
         ):
             return None, ""
-        if not may_resume(hello, identity, Resumable.of(session), self.store):
+        if not may_resume(hello, identity, Resumable.of(session), self.store, self.clock()):
             return None, ""
         return session, hello.resume_token
 

@@ -70,6 +70,8 @@ class Resumable:
     profile: str
     floor_seq: int
     last_seq: int
+    expires_at: float | None
+    """End of its resume window (Unix s); ``None`` while a socket holds it (SPEC D2)."""
 
     @classmethod
     def of(cls, session: Session) -> Resumable:
@@ -81,6 +83,7 @@ class Resumable:
             session.profile.name,
             session.floor_seq,
             session.last_seq,
+            session.expires_at,
         )
 
 
@@ -230,7 +233,15 @@ class Node:
         row = self._store.load_session(session_id)
         if row is None or not hmac.compare_digest(row.token_hash, hash_token(resume_token)):
             return None
-        return Resumable(session_id, row.user, row.tenant, row.profile, row.floor_seq, row.last_seq)
+        return Resumable(
+            session_id,
+            row.user,
+            row.tenant,
+            row.profile,
+            row.floor_seq,
+            row.last_seq,
+            row.expires_at,
+        )
 
     def take(self, session_id: str, only_from: str | None = None) -> Session | None:
         """Make this node the owner of a stored session and return it, in memory and

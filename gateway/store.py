@@ -378,7 +378,7 @@ class SqliteStore(SqliteReads):
                 # IMMEDIATE takes the write lock first: a file locked by another
                 # connection fails here, before anything is written (busy_timeout 0).
                 db.execute("BEGIN IMMEDIATE")
-                deleted = self._batch.write(db)
+                deleted, purged = self._batch.write(db)
                 db.execute("COMMIT")
             except sqlite3.Error as exc:
                 # SPEC D6: nothing of this batch is durable; keep it all staged (released
@@ -392,6 +392,8 @@ class SqliteStore(SqliteReads):
             self._commit_failed = False
             if self._batch.ledger_before is not None and self._keys is not None:
                 self._keys.expire(self._batch.ledger_before, deleted)
+            for session_id in purged:  # deleted: their held call rows are never written
+                self._intents.drop_session(session_id)
             self._batch = SqliteBatch()
         self._intents.committed(emptying)
 
@@ -428,8 +430,10 @@ class SqliteStore(SqliteReads):
                 "SELECT session_id FROM sessions WHERE expires_at IS NOT NULL AND expires_at<?",
                 (now,),
             )
-            for (session_id,) in list(cur):
-                self.delete_session(session_id)
+            # SPEC D2: deleted only if still expired when the commit runs (a resume
+            # staged before it keeps the session, its log and its held call rows).
+            self._batch.purged.extend(session_id for (session_id,) in cur)
+            self._batch.purged_at = now
         self._batch.purge_before = now - job_retention
         # A store that cannot commit now keeps the purge staged for the next commit.
         with contextlib.suppress(StoreUnavailable):

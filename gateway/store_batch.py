@@ -37,6 +37,12 @@ class SqliteBatch:
     """The number of the last journal batch entry whose rows this commit writes
     (:func:`gateway.store_journal.replay` skips the entries the file has)."""
     deletes: list[str] = field(default_factory=list)
+    """Sessions ended here: deleted with their events and calls, last in the commit."""
+    purged: list[str] = field(default_factory=list)
+    """Sessions the purge read as expired (SPEC D2): each is deleted only if its row is
+    still expired at :attr:`purged_at` in the commit that deletes it."""
+    purged_at: float | None = None
+    """The purge's ``now`` (Unix s)."""
     purge_before: float | None = None
 
     def put_call(self, key: tuple[str, str], row: tuple[str, str, str, bytes | None]) -> None:
@@ -51,17 +57,17 @@ class SqliteBatch:
         """Whether anything is staged."""
         return anything_staged(self)
 
-    def write(self, db: sqlite3.Connection) -> int:
+    def write(self, db: sqlite3.Connection) -> tuple[int, list[str]]:
         """Execute every staged write on ``db``, inside the caller's transaction.
 
         Returns:
-            The call-ledger rows the ledger purge (``ledger_before``) deleted; 0 without
-            one.
+            The call-ledger rows the ledger purge (``ledger_before``) deleted (0 without
+            one), and the ids of the :attr:`purged` sessions this write deleted.
 
         Raises:
             sqlite3.Error: a statement failed; the caller rolls back (SPEC D6).
         """
-        deleted = 0
+        deleted, purged = 0, []
         if self.sessions:
             db.executemany(
                 "INSERT OR REPLACE INTO sessions VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
@@ -96,20 +102,33 @@ class SqliteBatch:
             deleted = db.execute(purge, (self.ledger_before,)).rowcount
         if self.journal_mark is not None:
             db.execute("INSERT OR REPLACE INTO journal_mark VALUES (1, ?)", (self.journal_mark,))
-        if self.deletes or self.purge_before is not None:
-            self._write_deletes(db)
-        return deleted
+        if self.deletes or self.purged or self.purge_before is not None:
+            purged = self._write_deletes(db)
+        return deleted, purged
 
-    def _write_deletes(self, db: sqlite3.Connection) -> None:
-        """Sessions ended and jobs past retention, last in the batch (SPEC D2)."""
-        rows = [(sid,) for sid in self.deletes]
-        for table in ("sessions", "events", "calls"):
+    def _write_deletes(self, db: sqlite3.Connection) -> list[str]:
+        """Sessions ended, sessions purged that are still expired, jobs past retention,
+        last in the batch (SPEC D2); returns the purged sessions deleted."""
+        db.executemany("DELETE FROM sessions WHERE session_id=?", [(s,) for s in self.deletes])
+        # SPEC D2, D3: the purge read these as expired; one resumed since (its row's
+        # expires_at cleared or moved on, staged before this commit) keeps its row and log.
+        purged = [
+            sid
+            for sid in dict.fromkeys(self.purged)
+            if db.execute(
+                "DELETE FROM sessions WHERE session_id=? AND expires_at<? RETURNING session_id",
+                (sid, self.purged_at),
+            ).fetchall()
+        ]
+        rows = [(sid,) for sid in dict.fromkeys(self.deletes + purged)]
+        for table in ("events", "calls"):
             db.executemany(f"DELETE FROM {table} WHERE session_id=?", rows)
         if self.purge_before is not None:
             db.execute(
                 "DELETE FROM jobs WHERE finished_at IS NOT NULL AND finished_at<?",
                 (self.purge_before,),
             )
+        return purged
 
     def _write_seqs(self, db: sqlite3.Connection) -> None:
         rows = [(last, acked, floor, sid) for sid, (last, acked, floor) in self.seqs.items()]

@@ -691,6 +691,7 @@ class Intents:
             or not journal.usable
             or journal.size >= JOURNAL_BYTES
             or batch.deletes
+            or batch.purged
             or batch.ledger_before is not None
             or batch.purge_before is not None
         ):

@@ -33,7 +33,13 @@ from gateway.store_rows import LedgerRow, job_values
 from tests.gateway import ledger_tools as lt
 from tests.gateway.store_faults import LOCKER, checked_peer, resumes_agree, stored_in, until
 from tests.gateway.test_call_ledger import SUB
-from tests.gateway.test_i15_intent_journal import committed_ledger, journaled_writes, resumed_on
+from tests.gateway.test_i15_intent_journal import (
+    committed_call,
+    committed_ledger,
+    journaled,
+    journaled_writes,
+    resumed_on,
+)
 from tests.support import CONVERT, Peer, running, script_server, settings_for
 
 CHARGE = {"amount": 100}
@@ -267,6 +273,45 @@ def test_d6_a_purge_while_the_file_is_locked_stays_staged(tmp_path: Path) -> Non
             holder.close()
         assert store.job("j1") is None  # the read pays the owed commit, the purge in it
         assert store.load_session("s1") is not None
+    finally:
+        store.close()
+
+
+def test_d2_a_session_resumed_while_the_purge_waits_keeps_its_row_log_and_call(
+    tmp_path: Path,
+) -> None:
+    """SPEC D2, D3, I15, D6: the purge reads s1 and s2 as expired, but its commit fails
+    (another connection holds the file's write lock). s1, whose call c1 runs with its
+    rows held in the journal, is resumed meanwhile: its row with `expires_at` cleared is
+    staged. The next commit deletes s2 and its events and keeps s1, its event and c1's
+    `running` row (written by the commit that empties the journal). Before, the purge's
+    staged deletion ran last in that commit whatever was staged since, and it dropped
+    the session's held call rows at once."""
+    db = tmp_path / "toolbus.db"
+    store = SqliteStore(db)
+    try:
+        for sid in ("s1", "s2"):
+            store.stage_session(replace(_session(sid), expires_at=5.0))
+            store.stage_event(sid, 1, b'{"type":"catalog","seq":1}')
+        journaled(store, "s1", "c1", 4.0)
+        store.commit()
+        holder = sqlite3.connect(db, isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")
+        try:
+            store.purge(now=10.0, job_retention=3600.0)
+            assert store.dirty  # the purge's commit failed; it stays staged
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        store.stage_session(_session("s1"))  # resumed: no expiry
+        store.commit()
+        row = store.load_session("s1")
+        assert row is not None
+        assert row.expires_at is None
+        assert store.events_after("s1", 0) == [(1, b'{"type":"catalog","seq":1}')]
+        assert (store.load_session("s2"), store.events_after("s2", 0)) == (None, [])
+        store.purge_ledger(0.0)  # empties the journal: held rows are written first
+        assert committed_call(db, "s1", "c1") == [("running",)]
     finally:
         store.close()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import pytest
@@ -168,6 +169,42 @@ async def test_expired_session_is_not_resumed(tmp_path: Path) -> None:
         async with peer(gw, **resume_fields(p, 1)) as again:
             assert again.welcome["resumed"] is False
             assert again.welcome["session_id"] != p.welcome["session_id"]
+
+
+class Clock:
+    """Wall time a test moves ahead; the loop's timers keep real time."""
+
+    def __init__(self) -> None:
+        self.ahead = 0.0
+
+    def __call__(self) -> float:
+        return time.time() + self.ahead
+
+
+async def test_d2_past_its_window_by_the_clock_a_session_is_not_resumed(tmp_path: Path) -> None:
+    """SPEC D2, D3: a resume window ends on the gateway's clock, the one the purge reads.
+    The clock passes a parked session's `expires_at` while its timer (real time, 60 s)
+    has not fired, and the purge deletes its rows. A resume then is not resumed: before,
+    the session still in memory was resumed, its row and log gone."""
+    clock = Clock()
+    settings = settings_for(tmp_path, sessions={"resume_window": 60})
+    gw = Gateway(settings, clock=clock)
+    await gw.start()
+    try:
+        parked = signal(gw, "park")
+        async with peer(gw) as p:
+            await p.expect("catalog")
+            await dropped(p, parked)
+        sid = p.welcome["session_id"]
+        clock.ahead = 61.0
+        gw.store.purge(gw.clock(), settings.jobs.retention)
+        assert gw.store.load_session(sid) is None
+        assert sid in gw.sessions.sessions  # its timer has not fired
+        async with peer(gw, **resume_fields(p, 1)) as again:
+            assert again.welcome["resumed"] is False
+            assert again.welcome["session_id"] != sid
+    finally:
+        await gw.drain()
 
 
 async def test_resume_takes_over_and_closes_old_socket_4000(gateway: Gateway) -> None:
