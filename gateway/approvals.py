@@ -138,13 +138,20 @@ class Approvals:
             ``None`` when accepted; else why nothing changed: ``unknown`` (never issued,
             forged, or another session's or user's: SPEC A7, case F26, the answer must
             not reveal that such an id exists), ``already_decided``, ``expired`` (the
-            approval timed out first). ``not_yours`` is never answered.
+            approval timed out first, or its ``expires_at`` has passed: it is denied
+            ``timeout`` now, SPEC A4). ``not_yours`` is never answered.
         """
         approval = self.pending.get(approval_id)
         if approval is None:
             return self._refusal(session_id, approval_id)
         if approval.session_id != session_id or approval.user != user:
             return NotAcceptedReason.UNKNOWN
+        if self._clock() >= approval.expires_at:
+            # SPEC A4: the deadline is the expires_at tool_start announced, on this clock;
+            # the timer runs on the loop's clock (and after a hand-off, SPEC N6, on
+            # another node's), so it may not have fired yet.
+            self.settle(approval_id, Resolution.DENIED, ResolutionReason.TIMEOUT)
+            return NotAcceptedReason.EXPIRED
         resolution = Resolution.DENIED if decision is Decision.DENY else Resolution.ALLOWED
         always = decision is Decision.ALLOW_ALWAYS
         self.settle(approval_id, resolution, ResolutionReason.USER, always)

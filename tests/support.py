@@ -11,6 +11,7 @@ import asyncio
 import os
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -91,6 +92,17 @@ def own_catalog(tmp: Path, tools: str, profiles: str) -> dict[str, Any]:
         "profiles": [tmp / "profiles.yaml"],
         "hot_reload": False,
     }
+
+
+class Clock:
+    """Wall time (Unix s) a test moves ahead by :attr:`ahead`, for ``Gateway(clock=)``;
+    the loop's timers keep real time."""
+
+    def __init__(self) -> None:
+        self.ahead = 0.0
+
+    def __call__(self) -> float:
+        return time.time() + self.ahead
 
 
 @asynccontextmanager

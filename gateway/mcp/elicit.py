@@ -5,8 +5,9 @@ A mounted MCP server that sends ``elicitation/create`` during a call is asking t
 calling session's log (replayed on resume, like ``tool_start``), then waits for the
 client's ``elicit.answer``. :meth:`Elicitations.answer` settles it: the first answer
 from the same session wins, anything else is "not accepted" (``unknown`` never says
-whether the id exists for someone else, SPEC A7). No answer before the approval timeout,
-the end of the session, or the end of the call, answers the MCP server ``cancel``.
+whether the id exists for someone else, SPEC A7). No answer before the approval
+timeout (an answer after the announced ``expires_at`` is ``expired``), the end of the
+session, or the end of the call, answers the MCP server ``cancel``.
 
 Several nodes (SPEC N3): the session may move to another node while the call waits
 here. The pending id is written into the call's stored note (``{"tool", "elicitation_id"}``,
@@ -39,6 +40,8 @@ class _Pending:
     session_id: str
     call_id: str
     future: asyncio.Future[Answer]
+    expires_at: float
+    """The deadline ``elicit.request`` announced (Unix s, the gateway's clock)."""
 
 
 class Elicitations:
@@ -73,7 +76,8 @@ class Elicitations:
             return CANCELLED
         elicitation_id = "el_" + secrets.token_urlsafe(16)  # 128 random bits, as A2
         future: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
-        self._pending[elicitation_id] = _Pending(session.id, ctx.call_id, future)
+        expires_at = self._clock() + self._timeout
+        self._pending[elicitation_id] = _Pending(session.id, ctx.call_id, future, expires_at)
         try:
             self._note(session, ctx)
             session.emit(
@@ -83,7 +87,7 @@ class Elicitations:
                     elicitation_id=elicitation_id,
                     message=message,
                     requested_schema=schema,
-                    expires_at=self._clock() + self._timeout,
+                    expires_at=expires_at,
                 )
             )
             async with asyncio.timeout(self._timeout):
@@ -132,13 +136,19 @@ class Elicitations:
         Returns:
             ``None`` when it was accepted; ``unknown`` when no question of that session
             has that id (another session's id included, A7); ``already_decided`` when
-            the first answer already won.
+            the first answer already won; ``expired`` when its ``expires_at`` has
+            passed (the MCP server is answered ``cancel`` now, as at the timeout).
         """
         pending = self._pending.get(elicitation_id)
         if pending is None or pending.session_id != session_id:
             return m.NotAcceptedReason.UNKNOWN
         if pending.future.done():
             return m.NotAcceptedReason.ALREADY_DECIDED
+        if self._clock() >= pending.expires_at:
+            # SPEC M3, A4: the deadline announced, on this clock; the wait's timeout runs
+            # on the loop's clock and may not have fired yet.
+            pending.future.set_result(CANCELLED)
+            return m.NotAcceptedReason.EXPIRED
         pending.future.set_result((action, content if action is m.ElicitAction.ACCEPT else None))
         return None
 

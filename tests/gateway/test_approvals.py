@@ -16,7 +16,7 @@ from gateway.server import Gateway
 from gateway.session import Session
 from protocol import messages as m
 from tests.gateway.tools_for_tests import audit_records, first_terminal, serve
-from tests.support import MS, Peer, peer
+from tests.support import MS, Clock, Peer, peer, settings_for
 
 APPROVAL_ID = re.compile(r"ap_[A-Za-z0-9_-]{32}")
 """``ap_`` + 24 random bytes in base64url: 192 bits (SPEC A2 asks for at least 128)."""
@@ -358,6 +358,39 @@ async def test_a4_timeout_denies_and_late_confirm_is_expired(tmp_path: Path) -> 
     assert [(r["outcome"], r["approval"]["reason"], r["approval"]["by"]) for r in records] == [
         ("approval_timeout", "timeout", "server"),
     ]
+
+
+async def test_a4_a_confirm_past_expires_at_is_expired_before_the_timer_fires(
+    tmp_path: Path,
+) -> None:
+    """SPEC A4, A3: the deadline is the `expires_at` tool_start announced, on the
+    gateway's clock. The clock passes it while the approval's timer (real time, 300 s)
+    has not fired: an allow then is not accepted (`expired`), the call is denied
+    `timeout` and its tool never runs. Before, the allow was accepted and the tool ran
+    past the announced deadline."""
+    tt.reset()
+    calls = {**tt.HOOKS, "approval_timeout": 300.0, "default_timeout": 5.0}
+    clock = Clock()
+    gw = Gateway(
+        settings_for(tmp_path, catalog=tt.write_catalog(tmp_path), calls=calls), clock=clock
+    )
+    await gw.start()
+    try:
+        async with peer(gw) as p:
+            start = await gated_start(p, "c1")
+            clock.ahead = 301.0
+            assert await confirm(p, start["approval_id"], "allow", "r1") == not_accepted(
+                "r1", start["approval_id"], "expired"
+            )
+            result = await p.terminal("c1")
+            resolved = [msg for msg in p.seen if msg["type"] == "tool.resolved"]
+            assert [(r["resolution"], r["reason"]) for r in resolved] == [("denied", "timeout")]
+            assert (result["declined"], result["result"]["reason"]) == (True, "timeout")
+            assert tt.STATE.calls == {}
+            assert gw.approvals.pending == {}
+    finally:
+        tt.STATE.release.set()
+        await gw.drain()
 
 
 async def test_a4_cancel_while_pending_denies_and_ends_cancelled(tmp_path: Path) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,7 @@ from tests.support import (
     CONVERT,
     MS,
     WAIT,
+    Clock,
     barrier,
     closed,
     dropped,
@@ -169,16 +169,6 @@ async def test_expired_session_is_not_resumed(tmp_path: Path) -> None:
         async with peer(gw, **resume_fields(p, 1)) as again:
             assert again.welcome["resumed"] is False
             assert again.welcome["session_id"] != p.welcome["session_id"]
-
-
-class Clock:
-    """Wall time a test moves ahead; the loop's timers keep real time."""
-
-    def __init__(self) -> None:
-        self.ahead = 0.0
-
-    def __call__(self) -> float:
-        return time.time() + self.ahead
 
 
 async def test_d2_past_its_window_by_the_clock_a_session_is_not_resumed(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ import pytest
 
 from gateway.server import Gateway
 from tests.mcp.support import asker_mount, mcp_settings
-from tests.support import peer, running, settings_for
+from tests.support import Clock, peer, running, settings_for
 
 ACCEPT = "application/json, text/event-stream"
 
@@ -137,3 +137,33 @@ async def test_m3_a7_another_sessions_elicitation_id_is_unknown(tmp_path: Path) 
         assert result["type"] == "result"
         assert "Ada" in result["result"]["text"]
         assert "Mallory" not in result["result"]["text"]
+
+
+async def test_m3_a4_an_answer_past_expires_at_is_expired_before_the_timeout(
+    tmp_path: Path,
+) -> None:
+    """SPEC M3, A4: the deadline is the `expires_at` that `elicit.request` announced, on
+    the gateway's clock. The clock passes it while the wait's timeout (the loop's clock,
+    ``calls.approval_timeout``) has not fired: an `accept` then is not accepted
+    (`expired`), and the MCP server is answered `cancel`, as at the timeout. Before, the
+    late answer was accepted and its content reached the server."""
+    clock = Clock()
+    gw = Gateway(mcp_settings(tmp_path, [asker_mount()]), clock=clock)
+    await gw.start()
+    try:
+        async with peer(gw) as alice:
+            tools: list[dict[str, Any]] = (await alice.expect("catalog"))["tools"]
+            while not any(t["name"] == "asker_ask" for t in tools):
+                tools = (await alice.expect("catalog"))["tools"]
+            await alice.invoke("e1", "asker_ask", {"topic": "lunch"})
+            asked = await alice.expect("elicit.request", call_id="e1")
+            clock.ahead = asked["expires_at"] - clock() + 1.0
+            content = {"name": "Ada", "email": "ada@example.org", "age": 36}
+            late = {"elicitation_id": asked["elicitation_id"], "content": content}
+            await alice.send({"type": "elicit.answer", "id": "late", "action": "accept", **late})
+            got = await alice.expect("elicit.result", id="late")
+            assert (got["accepted"], got["reason"]) == (False, "expired")
+            result = await alice.terminal("e1")
+            assert (result["type"], result["result"]["text"]) == ("result", "cancel")
+    finally:
+        await gw.drain()
