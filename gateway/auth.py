@@ -201,10 +201,11 @@ class JwtAuthenticator:
         if not isinstance(profiles, list) or not all(isinstance(p, str) for p in profiles):
             raise AuthError(f"JWT claim '{self._claim}' must be a list of strings")
         tenant = claims.get("tenant")
-        if tenant is not None and not isinstance(tenant, str):
+        if tenant is not None and (not isinstance(tenant, str) or not tenant):
             # A tenant keys sessions, limits and stored rows: an object or a number here
-            # must be a typed refusal, not a failure deep in the session table.
-            raise AuthError("JWT claim 'tenant' must be a string")
+            # must be a typed refusal, not a failure deep in the session table; an empty
+            # one would share the call ids of the user with no tenant (SPEC I15).
+            raise AuthError("JWT claim 'tenant' must be a non-empty string")
         return Identity(str(claims["sub"]), frozenset(profiles), tenant, float(claims["exp"]))
 
 

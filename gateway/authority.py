@@ -247,8 +247,18 @@ class Authority:
 
         Raises:
             Refusal: the token is not accepted, names another principal, or does not
-                grant the session's profile; the old credential and expiry stand.
+                grant the session's profile; the old credential and expiry stand. Or
+                ``credential_expired``: the old credential's ``expires_at`` has passed
+                on this clock (its close timer may not have fired yet): too late, the
+                socket is closed 4004 as at the expiry.
         """
+        current = self._credentials.get(session.id)
+        if current is not None:
+            expires = current.identity.expires_at
+            if expires is not None and self._clock() >= expires:
+                self._expire(session, current)
+                code = ErrorCode.CREDENTIAL_EXPIRED
+                raise Refusal(code, _LAPSED[code])
         try:
             identity = self._authenticator.authenticate(token)
         except AuthError as exc:

@@ -305,7 +305,10 @@ class SessionOpener:
     def _sessions_of(self, identity: Identity) -> int:
         """Sessions the principal holds (SPEC E2): gateway-wide with nodes (SPEC N5)."""
         if self.node is None:
-            return self.sessions.count_for(identity.user, identity.tenant)
+            held = self.sessions.count_for(identity.user, identity.tenant)
+            if held >= self.limits.max_sessions_per_user:  # SPEC D2: some may be over
+                held = self.sessions.end_expired(identity.user, identity.tenant, self.clock())
+            return held
         try:
             return self.node.sessions_of(identity.user, identity.tenant)
         except StoreUnavailable as exc:

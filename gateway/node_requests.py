@@ -49,7 +49,8 @@ class Kind(StrEnum):
 
 
 ROUTED_KEPT = 10_000
-"""Answers routed from this node remembered (:meth:`NodeRequests.route_answer`)."""
+"""Decisions and answers routed from this node remembered (:meth:`NodeRequests.route_confirm`,
+:meth:`NodeRequests.route_answer`)."""
 
 
 class NodeRequests:
@@ -103,6 +104,23 @@ class NodeRequests:
         )
         return bool(rows)
 
+    def route_confirm(
+        self, session_id: str, user: str, approval_id: str, decision: Decision
+    ) -> NotAcceptedReason | None:
+        """Route a ``tool.confirm`` this node cannot settle to the node where its call
+        waits for the decision (SPEC N3, A3); answers as :meth:`route_answer`.
+
+        Returns:
+            ``None``: routed (accepted; the node that holds the approval settles it,
+            and its ``tool.resolved`` tells which settlement won). ``unknown``: no
+            running call of ``session_id`` names that approval, or the store cannot be
+            used now. ``already_decided``: this node already routed a decision for it
+            (the first decision wins, A3).
+        """
+        return self._route_once(
+            Kind.CONFIRM, session_id, user, approval_id, "approval_id", str(decision)
+        )
+
     def route_answer(
         self,
         session_id: str,
@@ -118,19 +136,31 @@ class NodeRequests:
             ``None``: routed (accepted; the node that holds the question settles it as
             if its own socket had answered). ``unknown``: no running call of
             ``session_id`` names that question (a made-up id, another session's, one
-            settled before the session moved), or the store cannot be used now.
-            ``already_decided``: this node already routed an answer to it (the first
-            answer wins, A3).
+            settled before the session moved), content JSON cannot carry, or the store
+            cannot be used now. ``already_decided``: this node already routed an answer
+            to it (the first answer wins, A3).
         """
-        key = (session_id, elicitation_id)
+        try:
+            decision = encode_json({"action": action.value, "content": content}).decode()
+        except TypeError:  # content JSON cannot carry
+            return NotAcceptedReason.UNKNOWN
+        return self._route_once(
+            Kind.ELICIT, session_id, user, elicitation_id, "elicitation_id", decision
+        )
+
+    def _route_once(
+        self, kind: Kind, session_id: str, user: str, target: str, member: str, decision: str
+    ) -> NotAcceptedReason | None:
+        """Route the first answer for ``target`` (the call's note names it as
+        ``member``) from this node; a later one for the same target is not accepted."""
+        key = (session_id, target)
         if key in self._answered:
             return NotAcceptedReason.ALREADY_DECIDED
         try:
-            decision = encode_json({"action": action.value, "content": content}).decode()
-            if not self.running_elsewhere(session_id, None, elicitation_id, "elicitation_id"):
+            if not self.running_elsewhere(session_id, None, target, member):
                 return NotAcceptedReason.UNKNOWN
-            self.route(Kind.ELICIT, session_id, user, elicitation_id, decision)
-        except (StoreUnavailable, TypeError):  # TypeError: content JSON cannot carry
+            self.route(kind, session_id, user, target, decision)
+        except StoreUnavailable:
             return NotAcceptedReason.UNKNOWN
         self._answered[key] = None
         if len(self._answered) > ROUTED_KEPT:

@@ -247,6 +247,21 @@ class SessionTable:
         sessions (:attr:`Session.internal`) are not counted."""
         return self._per_user.get((tenant, user), 0)
 
+    def end_expired(self, user: str, tenant: str | None, now: float) -> int:
+        """End the user's parked sessions whose resume window passed by ``now`` (Unix s)
+        while their timers have not fired yet (SPEC D2, E2): they are over, as a resume
+        and the purge see them, and no longer count. Returns :meth:`count_for` then.
+        Scans every session: call it only when the count reached its limit."""
+        for session in [
+            s
+            for s in self.sessions.values()
+            if (s.user, s.tenant) == (user, tenant)
+            and s.expires_at is not None
+            and s.expires_at <= now
+        ]:
+            self.end(session)
+        return self.count_for(user, tenant)
+
     def new(
         self,
         user: str,

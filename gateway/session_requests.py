@@ -105,23 +105,22 @@ class SessionRequests:
 
     def call_cancel(self, s: Session, msg: m.CallCancel) -> None:
         """SPEC I8: cancel a running call; ``unknown_call`` when none runs."""
-        if self.pipeline.cancel(s, msg.call_id) or self._routed(s, "cancel_call", msg.call_id):
+        if self.pipeline.cancel(s, msg.call_id) or self._routed_cancel(s, msg.call_id):
             return
         self.error(s, msg.id, ErrorCode.UNKNOWN_CALL, f"no running call {msg.call_id!r}")
 
-    def _routed(self, s: Session, kind: str, target: str, decision: str | None = None) -> bool:
-        """SPEC N3: route a cancel or a decision to the node where its call runs; ``False``
-        when no stored call of ``s`` names ``target`` (or there is one node)."""
+    def _routed_cancel(self, s: Session, call_id: str) -> bool:
+        """SPEC N3, I8: route a ``call.cancel`` to the node where the call runs; ``False``
+        when no running stored call of ``s`` has that id (or there is one node)."""
         routes = self.routes
         if routes is None:
             return False
         from gateway.node_requests import Kind
 
         try:
-            call_id = None if kind == Kind.CONFIRM else target
-            if not routes.running_elsewhere(s.id, call_id, target):
+            if not routes.running_elsewhere(s.id, call_id, call_id):
                 return False
-            routes.route(Kind(kind), s.id, s.user, target, decision)
+            routes.route(Kind.CANCEL_CALL, s.id, s.user, call_id)
         except StoreUnavailable:
             return False
         return True
@@ -129,12 +128,11 @@ class SessionRequests:
     def tool_confirm(self, s: Session, msg: m.ToolConfirm) -> None:
         """SPEC A3: first decision wins; anything else is "not accepted" with a reason."""
         reason = self.approvals.confirm(s.id, s.user, msg.approval_id, msg.decision)
-        if reason is m.NotAcceptedReason.UNKNOWN and self._routed(
-            s, "confirm", msg.approval_id, str(msg.decision)
-        ):
-            # SPEC N3, A3: the call waits on another node; the decision went there and
-            # its tool.resolved tells which settlement won.
-            reason = None
+        if reason is m.NotAcceptedReason.UNKNOWN and self.routes is not None:
+            # SPEC N3, A3: the call waits on another node; the first decision routed
+            # there wins (its tool.resolved tells which settlement did), a later one
+            # is not accepted.
+            reason = self.routes.route_confirm(s.id, s.user, msg.approval_id, msg.decision)
         s.reply(
             m.ConfirmResult(
                 id=msg.id, approval_id=msg.approval_id, accepted=reason is None, reason=reason

@@ -30,7 +30,9 @@ class TokenEntry(BaseModel):
     sha256: str = Field(pattern=r"^[0-9a-fA-F]{64}$")
     user: str = Field(min_length=1)
     profiles: list[str] = Field(default_factory=list)
-    tenant: str | None = None
+    tenant: str | None = Field(None, min_length=1)
+    """Absent for no tenant; never empty: ``""`` would share the call ids of the same
+    user with no tenant (the ledger keys both ``("", user)``, SPEC I15)."""
 
 
 class TokenFile(BaseModel):

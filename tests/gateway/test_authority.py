@@ -335,6 +335,26 @@ async def test_s6_refresh_keeps_the_session_past_the_first_exp(tmp_path: Path) -
             assert tt.STATE.calls == {"quick": 1}
 
 
+async def test_s6_a_refresh_past_the_announced_expiry_is_too_late(tmp_path: Path) -> None:
+    """SPEC S6: at the credential's `expires_at` the socket closes 4004 unless a refresh
+    came first. The server's clock passes it while the close timer (real time, 300 s)
+    has not fired: a refresh now is too late. No `auth.refreshed`; the socket closes
+    4004 as at the expiry. Before, the refresh was accepted and the session went on."""
+    async with serve(tmp_path, auth=jwt_auth(expiry_warning=0)) as gw:
+        exp = int(time.time()) + 300
+        async with peer(gw, token=make_jwt("ana", ["demo"], exp)) as p:
+            await p.expect("catalog")
+            gw.authority._clock = lambda: exp + 1
+            later = int(time.time()) + 3600
+            await p.send(
+                {"type": "auth.refresh", "id": "a1", "token": make_jwt("ana", ["demo"], later)}
+            )
+            gone = await closed(p)
+            assert gone.rcvd is not None
+            assert (gone.rcvd.code, gone.rcvd.reason) == (4004, "credential expired")
+            assert [m for m in p.seen if m["type"] == "auth.refreshed"] == []
+
+
 async def test_s6_refresh_refusals_keep_the_old_credential(tmp_path: Path) -> None:
     """SPEC S6: auth.refresh with a bad token, another principal, or no grant of the
     session's profile is refused with a typed error; the socket and session go on."""

@@ -197,6 +197,37 @@ async def test_d2_past_its_window_by_the_clock_a_session_is_not_resumed(tmp_path
         await gw.drain()
 
 
+async def test_e2_d2_a_session_past_its_window_by_the_clock_no_longer_counts(
+    tmp_path: Path,
+) -> None:
+    """SPEC E2, D2: one session per user. Alice's only session is parked; the gateway's
+    clock passes its `expires_at` while its timer (real time, 60 s) has not fired. It is
+    over (not resumable, purged), so a new hello is welcomed, and the old session is
+    ended then, as its timer would. Before, the hello was refused `too_many_sessions`
+    (on several nodes the count already skipped it)."""
+    clock = Clock()
+    limits = {"max_sessions_per_user": 1}
+    settings = settings_for(tmp_path, sessions={"resume_window": 60}, limits=limits)
+    gw = Gateway(settings, clock=clock)
+    await gw.start()
+    try:
+        parked = signal(gw, "park")
+        async with peer(gw) as p:
+            await p.expect("catalog")
+            await dropped(p, parked)
+        async with peer(gw, hello=False) as early:
+            await early.send({"type": "hello", "token": "alice-token", "profile": "demo"})
+            refused = await early.recv()
+            assert (refused["type"], refused["code"]) == ("error", "too_many_sessions")
+        clock.ahead = 61.0
+        async with peer(gw) as again:
+            assert again.welcome["session_id"] != p.welcome["session_id"]
+            assert p.welcome["session_id"] not in gw.sessions.sessions
+            assert gw.store.load_session(p.welcome["session_id"]) is None
+    finally:
+        await gw.drain()
+
+
 async def test_resume_takes_over_and_closes_old_socket_4000(gateway: Gateway) -> None:
     """SPEC D4: a resume on a second socket takes the session; the first is closed 4000."""
     async with peer(gateway) as first:

@@ -70,6 +70,34 @@ async def test_n3_approval_decided_on_b_runs_the_call_on_a_once(
         assert runs(tmp_path) == ["c1"]
 
 
+async def test_n3_a3_a_second_decision_routed_from_b_is_not_accepted(
+    tmp_path: Path,
+    pg_url: str,  # noqa: F811
+) -> None:
+    """SPEC N3, A3: the call waits for approval on A; on B the client sends `allow`,
+    then `deny`, for the same approval. The first decision wins (the job runs once), so
+    the second is not accepted (`already_decided`), as a second `elicit.answer` routed
+    from B is. Before, B answered both `accepted`: A had not yet applied the first."""
+    async with nodes(tmp_path, pg_url, "a", "b") as (a, b):
+        on_a, _, approval_id = await _moved(a.url, b.url, tmp_path, "c1")
+        async with connect(b.url, subprotocols=SUB) as ws_b:
+            on_b = Peer(ws_b)
+            assert (await on_b.hello(**resume_fields(on_a, 1)))["resumed"] is True
+            for rid, decision in (("k1", "allow"), ("k2", "deny")):
+                await on_b.send({"type": "tool.confirm", "id": rid,
+                                 "approval_id": approval_id, "decision": decision})  # fmt: skip
+            first = await on_b.expect("confirm.result", id="k1")
+            second = await on_b.expect("confirm.result", id="k2")
+            assert (first["accepted"], first.get("reason")) == (True, None)
+            assert (second["accepted"], second.get("reason")) == (False, "already_decided")
+            resolved = await on_b.expect("tool.resolved", call_id="c1")
+            assert (resolved["resolution"], resolved["reason"]) == ("allowed", "user")
+            await until(lambda: runs(tmp_path) == ["c1"], "c1 ran on A")
+            (tmp_path / "go-c1").touch()
+            await barrier(on_b)
+        assert runs(tmp_path) == ["c1"]
+
+
 async def test_n3_cancels_on_b_reach_the_call_and_the_job_on_a(
     tmp_path: Path,
     pg_url: str,  # noqa: F811
