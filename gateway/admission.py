@@ -85,11 +85,15 @@ class Admission:
             return None
         params = dict(msg.params or {})
         if call_id in session.done_calls:
-            if self.ledger.conflicts(session, call_id, msg.tool, params):
-                self._known(session, msg, Verdict.CONFLICT, None)
-            else:
-                self._resend(session, call_id)
-            return None
+            conflict = self.ledger.conflicts(session, call_id, msg.tool, params)
+            if conflict is not None:
+                if conflict:
+                    self._known(session, msg, Verdict.CONFLICT, None)
+                else:
+                    self._resend(session, call_id)
+                return None
+            # SPEC I15: past its window the id is new again, the session's record too.
+            del session.done_calls[call_id]
         check = self.ledger.check(session, call_id, msg.tool, params)
         if check.verdict is Verdict.RECORDED and self._own_still_running(session, call_id):
             # SPEC I12, N3: this session's own call ended on another node, and its
@@ -97,10 +101,21 @@ class Admission:
             # copy too would end the call twice under two seqs.
             self._refuse(session, msg, ErrorCode.DUPLICATE_CALL, "this call_id is still running")
             return None
+        if check.verdict is Verdict.ELSEWHERE:
+            # SPEC I15, N3: the call runs on another node. This session's own call (it
+            # moved here) gets its terminal event through the inbox; another session of
+            # the principal waits for the recorded outcome, as if attached.
+            if self._own_still_running(session, call_id) or not self.ledger.elsewhere.attach(
+                session, call_id
+            ):
+                self._refuse(
+                    session, msg, ErrorCode.DUPLICATE_CALL, "this call_id is still running"
+                )
+            return None
         if check.verdict is not Verdict.NEW:
             self._known(session, msg, check.verdict, check.outcome)
             return None
-        if len(session.inflight) >= self.limits.max_inflight_calls:
+        if len(session.inflight) + session.promoted >= self.limits.max_inflight_calls:
             self._refuse(session, msg, ErrorCode.TOO_MANY_INFLIGHT, "too many calls in flight")
             return None
         if not session.bucket.take(time.monotonic()):

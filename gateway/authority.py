@@ -211,6 +211,14 @@ class Authority:
         if expires is not None and self._clock() >= expires:
             code = ErrorCode.CREDENTIAL_EXPIRED
             return Lapse(code, _LAPSED[code])
+        if expires is None and version_of(self._authenticator) != self._swept:
+            # SPEC S6, A7: the token file changed since the last sweep (a hello may have
+            # seen the change already): this credential is checked now, not at the next
+            # sweep, which closes its socket 4005 (not from here: this may be a thread).
+            identity = self._still(credential.token)
+            if identity is None or admits(identity, session) is not None:
+                code = ErrorCode.CREDENTIAL_REVOKED
+                return Lapse(code, _LAPSED[code])
         return None
 
     # -- credential lifetimes (SPEC S6) ------------------------------------------------

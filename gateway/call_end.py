@@ -64,7 +64,11 @@ class Call:
     begun: bool = False
     """Its task took its first step (:meth:`gateway.pipeline.Pipeline.run` runs)."""
     executing: bool = False
-    """Its handler started: an expiring session no longer cancels it (SPEC I15)."""
+    """Its handler started (the ``on_start`` of :func:`gateway.execute.run_handler`, after
+    every wait): an expiring session no longer cancels it (SPEC I15, I8)."""
+    stopped: bool = False
+    """A drain stopped it before its handler started (SPEC S4, J6): it ends
+    ``unavailable``, saying it did not run (:meth:`gateway.pipeline.Pipeline.stop_unstarted`)."""
     handed_off: bool = False
     """A draining node handed it, still waiting for approval, to another node (SPEC
     N6): its task ends here without a terminal event; the other node sends it."""

@@ -122,7 +122,8 @@ class CatalogConfig(_Section):
 
 class LimitsConfig(_Section):
     max_inflight_calls: int = Field(32, ge=1)
-    """Calls running or awaiting approval at once, per session (SPEC E2)."""
+    """Calls running or awaiting approval at once, per session (SPEC E2); a call promoted
+    to a job (SPEC I14) counts until its handler returns."""
     invoke_rate: float = Field(50.0, gt=0)
     """Sustained invokes per second per session (token bucket, SPEC E2)."""
     invoke_burst: int = Field(100, ge=1)

@@ -14,6 +14,33 @@ from gateway.watchdog import track
 from gateway.workers import Lane
 
 
+class Start:
+    """The ``on_start`` of :func:`run_handler` for a handler that may change hands
+    before it starts (SPEC I14, J6, I8).
+
+    A sync call still running at ``promote_after`` becomes a job, and its plain handler
+    may still wait for a worker thread then. Until the handler starts, neither the call
+    nor the job may be reported as started: the start calls :attr:`then`, which is the
+    call's hook at first; the job runner points it at the job's when it adopts a handler
+    that has not started, so the job turns ``running`` only then.
+
+    Attributes:
+        then: what the start does now (an ``on_start``: it may return an awaitable, and
+            raising stops the handler from starting).
+        started: ``True`` once the start was reached (:attr:`then` was called).
+    """
+
+    __slots__ = ("started", "then")
+
+    def __init__(self, then: Callable[[], Awaitable[None] | None]) -> None:
+        self.then = then
+        self.started = False
+
+    def __call__(self) -> Awaitable[None] | None:
+        self.started = True
+        return self.then()
+
+
 async def run_handler(
     func: Callable[..., Any],
     params: dict[str, Any],

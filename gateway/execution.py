@@ -10,6 +10,7 @@ follow. Every path ends through :class:`~gateway.call_end.CallEnd`.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -19,11 +20,12 @@ from gateway.authority import Authority, Lapse
 from gateway.call_end import PASS_THROUGH, Call, CallEnd
 from gateway.config import CallsConfig
 from gateway.context import ProgressRelay, ToolContext, no_progress
-from gateway.execute import as_object, run_handler
+from gateway.execute import Start, as_object, run_handler
 from gateway.failures import ToolFailure, describe
 from gateway.hooks import CallInfo, PostHook, PreHook, run_post, run_pre
-from gateway.jobs import JobRunner, PostProcess
+from gateway.jobs import Adopted, JobRunner, PostProcess
 from gateway.ledger import CallLedger
+from gateway.session import Session
 from gateway.store import JobRow, StoreUnavailable
 from gateway.store_rows import BadValue
 from gateway.workers import Lane
@@ -213,28 +215,30 @@ class Execution:
             text = "the store cannot commit right now; the tool did not run"
             self.end.error(call, ErrorCode.UNAVAILABLE, text, CallOutcome.UNAVAILABLE)
             return
-        call.executing = True
         # SPEC E3: the limit counts from the handler's start; the wait for a worker
-        # thread is bounded by calls.thread_wait (then ``busy``, never started).
-        wait = self.calls.thread_wait
+        # thread is bounded by calls.thread_wait (then ``busy``, never started). SPEC
+        # I8, J6: the call is executing only once its handler starts (its on_start).
+        start = Start(functools.partial(_executing, call))
+        run = functools.partial(
+            run_handler, ctx=ctx, lane=self.pool, limit=limit, wait=self.calls.thread_wait
+        )
         try:
             if tool.promote_after is None:
                 # Awaited in this task: a handler that answers at once costs no extra
                 # loop turn, so tool_start and result share one commit (SPEC D1).
-                value = await run_handler(tool.func, call.params, ctx, self.pool, limit, wait=wait)
+                value = await run(tool.func, call.params, on_start=start)
             else:
                 # SPEC I14, J5: the handler gets its own copy of the arguments; the job
                 # a promotion creates stores the ones the call was given.
                 own = decode_json(encode_json(call.params))
-                handler = run_handler(tool.func, own, ctx, self.pool, limit, wait=wait)
-                work = asyncio.ensure_future(handler)
+                work = asyncio.ensure_future(run(tool.func, own, on_start=start))
                 try:
                     done, _ = await asyncio.wait({work}, timeout=tool.promote_after)
                 except asyncio.CancelledError:
                     work.cancel()
                     raise
                 if not done:
-                    self._promote(call, tool, ctx, info, work)
+                    self._promote(call, tool, ctx, info, (work, start))
                     return
                 value = work.result()
         except TimeoutError:
@@ -262,25 +266,23 @@ class Execution:
         return None if tool.long_running else (limit or None)
 
     def _promote(
-        self, call: Call, tool: ToolDef, ctx: ToolContext, info: CallInfo, work: asyncio.Future[Any]
+        self, call: Call, tool: ToolDef, ctx: ToolContext, info: CallInfo, work: Adopted
     ) -> None:
         """SPEC I14: the running call becomes a job; the client hears ``dispatched`` now.
 
-        A job that cannot be created (its row cannot be stored, e.g. text the store
-        refuses; any other failure of the runner) cancels the running handler and ends
-        the call with one typed ``call.error`` (SPEC I16, :meth:`_not_a_job`). Nothing
-        of the job is left behind."""
+        A job that cannot be created (its row cannot be stored, any other failure of the
+        runner) cancels the handler and ends the call with one typed ``call.error``
+        (SPEC I16, :meth:`_not_a_job`); nothing of the job is left behind."""
         try:
             job_id = self.jobs.submit(
                 call.session, tool, call.params, ctx, self._post(info), adopt=work
             )
         except BaseException as exc:
-            work.cancel()
+            work[0].cancel()
             self._not_a_job(call, tool, exc)
             return
         call.job_id = job_id
-        if isinstance(ctx.progress, ProgressRelay):
-            ctx.progress.target = self.jobs.progress_sink(job_id)
+        _in_flight_until_done(call.session, work[0])
         message = (
             tool.dispatch_message
             or f"{tool.name} is taking a while; I'll report back when it's done."
@@ -288,3 +290,20 @@ class Execution:
         self.end.finish(
             call, CallOutcome.PROMOTED, m.Dispatched, job_id=job_id, message=message, promoted=True
         )
+
+
+def _in_flight_until_done(session: Session, handler: asyncio.Future[Any]) -> None:
+    """SPEC E2, I14: a promoted call's handler counts in flight until it returns."""
+    if not handler.done():
+        session.promoted += 1
+        handler.add_done_callback(lambda _: _unpromoted(session))
+
+
+def _unpromoted(session: Session) -> None:
+    """A promoted call's handler returned: it no longer counts in flight (SPEC E2)."""
+    session.promoted -= 1
+
+
+def _executing(call: Call) -> None:
+    """SPEC I8, I15: ``call``'s handler starts; an expiring session no longer cancels it."""
+    call.executing = True

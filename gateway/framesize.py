@@ -29,6 +29,12 @@ ENVELOPE = 256
 such envelope and checks it fits."""
 
 
+WIDEST_SEQ = 10**19
+"""A ``seq`` of 20 digits, more than any session reaches (64-bit): a frame sized whole
+before its ``seq`` is known (``job.done``) is sized with it, so the frame that leaves
+under the session's real ``seq`` is never larger (SPEC E2)."""
+
+
 def payload_budget(max_frame: int, call_id: str, tool: str) -> int:
     """The largest params or result, in bytes of JSON, whose ``tool_start`` or
     ``result`` frame for this call fits ``max_frame`` bytes (SPEC E2)."""

@@ -46,7 +46,8 @@ class JobDrain:
         self.draining = True
         running = [job for job in self._active.values() if job.task is not None]
         # Only handlers that started: a job whose start still waits for its group
-        # commit is cancelled and left queued (SPEC J6, ActiveJob.started).
+        # commit (or, promoted, for its worker thread) is cancelled and left queued
+        # (SPEC J6, ActiveJob.started).
         waited = [j for j in running if (patient or j.in_thread) and j.started]
         for job in running:
             if job not in waited:

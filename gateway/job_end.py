@@ -19,7 +19,7 @@ from functools import partial
 from typing import Any
 
 from gateway.failures import sendable
-from gateway.framesize import ENVELOPE, clip_text, too_deep
+from gateway.framesize import ENVELOPE, WIDEST_SEQ, clip_text, too_deep
 from gateway.metrics import Metrics
 from gateway.session import Session
 from gateway.store import JobRow, Store
@@ -51,7 +51,9 @@ class ActiveJob:
     """Its handler may run now: its ``running`` row is durable (SPEC J6). Between the
     staging of that row and its group commit (a store that does not journal) the row
     says ``running`` but the handler has not started; a drain then leaves the job
-    ``queued`` (:meth:`gateway.jobs.JobRunner._execute`)."""
+    ``queued`` (:meth:`gateway.jobs.JobRunner._execute`). A promoted call's handler
+    still waiting for its worker thread has not started either: its job is ``queued``
+    until then (SPEC I14, :class:`gateway.execute.Start`)."""
 
 
 def _done_fields(
@@ -73,7 +75,7 @@ def _done_fields(
         return found or "a number JSON cannot carry"
     try:
         fields = m.JobDone(
-            seq=1,
+            seq=WIDEST_SEQ,
             job_id=row.job_id,
             tool=row.tool,
             call_id=row.call_id,
@@ -82,7 +84,7 @@ def _done_fields(
             result=result,
             finished_at=now,
         ).model_dump(exclude_none=True)
-        size = len(encode_json(fields))
+        size = len(encode_json(fields))  # sized at the widest seq the frame may carry
     except (TypeError, ValueError) as exc:
         found = json_problem(result) or json_problem(artifacts, "artifacts")
         return found or " ".join(str(exc).split())[:300]

@@ -24,12 +24,12 @@ from typing import Any
 from catalog.model import ToolDef
 from gateway.authority import Lapse
 from gateway.config import JobsConfig
-from gateway.context import ToolContext
-from gateway.execute import as_object, run_handler
+from gateway.context import ProgressRelay, ToolContext
+from gateway.execute import Start, as_object, run_handler
 from gateway.failures import ToolFailure, describe
 from gateway.job_drain import JobDrain
 from gateway.job_end import ActiveJob, JobEnd
-from gateway.job_progress import JobProgress, Sink
+from gateway.job_progress import JobProgress
 from gateway.job_slots import JobSlots
 from gateway.metrics import Metrics
 from gateway.session import Session
@@ -44,6 +44,9 @@ logger = logging.getLogger("gateway.jobs")
 PostProcess = Callable[[dict[str, Any]], Awaitable[tuple[dict[str, Any], bool]]]
 Rerun = Callable[["JobRow"], "tuple[ToolDef, ToolContext, PostProcess] | None"]
 Clock = Callable[[], float]
+Adopted = tuple[asyncio.Future[Any], Start]
+"""A promoted sync call's handler (SPEC I14): its future and its start (``on_start``)."""
+OnStart = Callable[[], Awaitable[None] | None]
 
 NOT_DURABLE = "the store cannot commit right now; the tool did not run"
 """The ``unavailable`` failure of a job whose ``running`` row could not be made durable."""
@@ -111,7 +114,7 @@ class JobRunner:
         params: dict[str, Any],
         ctx: ToolContext,
         post: PostProcess,
-        adopt: asyncio.Future[Any] | None = None,
+        adopt: Adopted | None = None,
         rerun: JobRow | None = None,
     ) -> str:
         """Create a job and start it (SPEC I9, I14), or re-run a stored one (SPEC J5).
@@ -122,14 +125,17 @@ class JobRunner:
             params: validated arguments.
             ctx: the call's context; its ``job_id`` and ``progress`` are filled here.
             post: post-execute hooks, applied to the result object (SPEC I10).
-            adopt: an already-running handler future (a promoted sync call) to finish
-                instead of starting the handler again.
+            adopt: the handler of a promoted sync call, to finish instead of starting it
+                again. One still waiting for its worker thread is ``queued`` until it
+                starts (SPEC J6: its :class:`~gateway.execute.Start` turns it
+                ``running``); a drain leaves it queued.
             rerun: a stored job a restart cut off, to run again under its own id.
 
         Returns:
             The job id.
         """
         now = self._clock()
+        future, begun = (adopt[0], adopt[1].started) if adopt else (None, False)
         job_id = rerun.job_id if rerun else "job_" + secrets.token_urlsafe(12)
         row = (
             rerun.at_state(m.JobState.QUEUED, None)
@@ -137,7 +143,7 @@ class JobRunner:
             else JobRow(
                 job_id=job_id,
                 tool=tool.name,
-                state=m.JobState.RUNNING if adopt else m.JobState.QUEUED,
+                state=m.JobState.RUNNING if begun else m.JobState.QUEUED,
                 session_id=session.id,
                 user=session.user,
                 tenant=session.tenant,
@@ -146,7 +152,7 @@ class JobRunner:
                 params=params,
                 context=dict(session.context),
                 created_at=now,
-                started_at=now if adopt else None,
+                started_at=now if begun else None,
                 finished_at=None,
                 summary=None,
                 artifacts=[],
@@ -155,22 +161,28 @@ class JobRunner:
             )
         )
         job = ActiveJob(row, session, idempotent=tool.idempotent and adopt is None)
-        job.in_thread = adopt is not None and not inspect.iscoroutinefunction(tool.func)
-        job.started = adopt is not None  # a promoted call's handler runs already
+        job.in_thread = begun and not inspect.iscoroutinefunction(tool.func)
+        job.started = begun  # a promoted call's handler that runs already
+        if adopt and isinstance(ctx.progress, ProgressRelay):  # the handler's own context
+            ctx.progress.target = self._progress.sink(job)
         ctx = replace(ctx, job_id=job_id, progress=self._progress.sink(job))
         self._end.save(job, row)
-        if self._drain.draining and adopt is None:
+        if self._drain.draining and not begun:
             # SPEC S4, J6: a drain starts nothing; stored queued, the job runs after the
-            # restart.
+            # restart (an adopted handler waiting for its thread is stopped).
+            if future is not None:
+                future.cancel()
             return job_id
+        if adopt and not begun:
+            adopt[1].then = _starter(job, tool, self._end, self._clock)
         # SPEC J5, I16: the handler gets its own copy of the arguments, so whatever it
         # does to them (e.g. puts a set in) never changes the job row staged again later.
         own = params if adopt is not None else decode_json(encode_json(params))
         self.active[job_id] = job
         job.task = asyncio.get_running_loop().create_task(
-            self._run(job, tool, own, ctx, post, adopt)
+            self._run(job, tool, own, ctx, post, future)
         )
-        job.task.add_done_callback(lambda task: self._reap(job, ctx, adopt, task))
+        job.task.add_done_callback(lambda task: self._reap(job, ctx, future, task))
         return job_id
 
     def _reap(
@@ -278,17 +290,8 @@ class JobRunner:
         func = tool.func
         assert func is not None
         limit = tool.timeout if tool.timeout and not tool.long_running else None
-
-        def started() -> Awaitable[None] | None:
-            job.in_thread = not inspect.iscoroutinefunction(func)
-            self._end.save(job, job.row.at_state(m.JobState.RUNNING, self._clock()))
-            return _durable_start(job, tool.idempotent)
-
+        started = _starter(job, tool, self._end, self._clock)
         return await run_handler(func, params, ctx, self._pool, limit, on_start=started)
-
-    def progress_sink(self, job_id: str) -> Sink:
-        """The ``progress(fraction, message)`` function of an active job (SPEC J2, I14)."""
-        return self._progress.sink(self.active[job_id])
 
     def progress_of(self, job_id: str) -> tuple[float | None, str | None]:
         return self._progress.of(job_id)
@@ -309,6 +312,19 @@ class JobRunner:
     async def shutdown(self, deadline: float | None = None, patient: bool = False) -> None:
         """Stop for a drain (SPEC S4, J5, J6, N6): :meth:`gateway.job_drain.JobDrain.run`."""
         await self._drain.run(deadline, patient)
+
+
+def _starter(job: ActiveJob, tool: ToolDef, end: JobEnd, clock: Clock) -> OnStart:
+    """The ``on_start`` of ``job``'s handler (SPEC J1, J6): the job turns ``running``
+    (``started_at`` now, ``clock``'s Unix time) right before its handler starts, and
+    that row is made durable first as :func:`_durable_start` says (J5)."""
+
+    def started() -> Awaitable[None] | None:
+        job.in_thread = not inspect.iscoroutinefunction(tool.func)
+        end.save(job, job.row.at_state(m.JobState.RUNNING, clock()))
+        return _durable_start(job, tool.idempotent)
+
+    return started
 
 
 def _durable_start(job: ActiveJob, idempotent: bool) -> Awaitable[None] | None:

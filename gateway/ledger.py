@@ -8,6 +8,9 @@ used before, from any of its sessions, never runs the tool again:
 
     running here     -> the session is *attached*: the call's one terminal event is
                         delivered to it as well, under a seq of its own
+    running on another node
+                     -> attached too: its outcome is read from the shared store once
+                        recorded (:class:`Elsewhere`, SPEC N3)
     finished         -> the recorded terminal event is delivered again
     cut off          -> a call a restart cut off answers the restart's ``cancelled``
                         (recovery records it at start)
@@ -21,6 +24,7 @@ admits an ``invoke`` and tells it each terminal event.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 from collections.abc import Callable, Collection, Mapping
@@ -30,7 +34,7 @@ from typing import Any, Final
 
 from gateway.records import record
 from gateway.session import Session
-from gateway.store import LedgerRow, Store
+from gateway.store import LedgerRow, Store, StoreUnavailable
 from protocol import messages as m
 from protocol.codec import SERVER_ADAPTER, canonical_json, decode_json, encode
 from protocol.errors import ErrorCode
@@ -56,8 +60,10 @@ class Verdict(Enum):
     CONFLICT = "conflict"
     """Used before for another tool or other parameters: refuse ``call_id_conflict``."""
     DUPLICATE = "duplicate"
-    """This session already waits for this call, or the call runs in another process
-    sharing the store: refuse ``duplicate_call`` (SPEC I12)."""
+    """This session already waits for this call: refuse ``duplicate_call`` (SPEC I12)."""
+    ELSEWHERE = "elsewhere"
+    """Running in another process sharing the store (a node, SPEC N3): the session
+    waits for its recorded outcome (:class:`Elsewhere`)."""
 
 
 @record
@@ -108,6 +114,8 @@ class CallLedger:
         self.window = window
         self._clock = clock
         self._live: dict[Key, LiveCall] = {}
+        self.elsewhere = Elsewhere(store)
+        """Sessions waiting for calls that run in another process (SPEC I15, N3)."""
 
     def check(self, session: Session, call_id: str, tool: str, params: dict[str, Any]) -> Check:
         """Decide what an ``invoke`` from ``session`` is (see :class:`Verdict`).
@@ -135,15 +143,22 @@ class CallLedger:
         if row.state != "done" or row.outcome is None:
             # Running, but not in this process: recovery settled every call this
             # process's store had running at start, so another writer of the store runs
-            # it. Refused as still running; it must not run here too.
-            return Check(Verdict.DUPLICATE, digest)
+            # it. It must not run here too; its outcome is awaited (Elsewhere).
+            return Check(Verdict.ELSEWHERE, digest)
         return Check(Verdict.RECORDED, digest, row.outcome)
 
-    def conflicts(self, session: Session, call_id: str, tool: str, params: dict[str, Any]) -> bool:
-        """Whether the principal's record of ``call_id`` names another tool or other
-        parameters (asked for a re-send the session itself has a record of)."""
+    def conflicts(
+        self, session: Session, call_id: str, tool: str, params: dict[str, Any]
+    ) -> bool | None:
+        """For a re-send the session itself has a record of (SPEC I12): whether the
+        principal's record of ``call_id`` names another tool or other parameters.
+        ``None`` when the key has left the window (purged, or older than
+        :attr:`window`): the id is new again (SPEC I15), and the session's record of it
+        with it."""
         row = self._store.ledger(*principal_key(session, call_id))
-        return row is not None and (row.tool, row.params_hash) != (tool, params_hash(params))
+        if row is None or row.created_at < self._clock() - self.window:
+            return None
+        return (row.tool, row.params_hash) != (tool, params_hash(params))
 
     def open(
         self, session: Session, call_id: str, tool: str, digest: str, *, journal: bool = False
@@ -225,6 +240,7 @@ class CallLedger:
         """``session`` ended: it waits for nothing any more."""
         for live in self._live.values():
             live.waiters.pop(session.id, None)
+        self.elsewhere.forget(session)
 
     def recover(
         self, rows: list[LedgerRow] | None = None, keep: Collection[Key] = frozenset()
@@ -277,3 +293,74 @@ def deliver(session: Session, call_id: str, outcome: bytes) -> None:
     session.done_calls[call_id] = None
     body = session.emit(message)  # re-numbered: seq is the receiving session's next
     session.call_done(call_id, body)
+
+
+class Elsewhere:
+    """Sessions waiting for a call of their principal that runs in another process
+    sharing the store (another node, SPEC I15, N3): a re-send from a session on this
+    node is attached to it as a re-send on the call's own node is. The ledger row is
+    read until the call's terminal event is recorded there (every 20 ms at first, then
+    less often, at most every :data:`POLL_MAX` s), then that event is delivered to each
+    waiting session under a seq of its own (:func:`deliver`). One task polls for all,
+    and only while some session waits.
+
+    Args:
+        store: the shared store, where the call's node records its outcome.
+    """
+
+    POLL_FIRST = 0.02
+    POLL_MAX = 0.5
+    """Seconds between two reads of the awaited ledger rows: first, and at most."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._waiters: dict[Key, dict[str, Session]] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._delay = self.POLL_FIRST
+
+    def attach(self, session: Session, call_id: str) -> bool:
+        """Wait for ``call_id`` of ``session``'s principal; ``False`` when the session
+        waits for it already (a second re-send: ``duplicate_call``, SPEC I12)."""
+        waiters = self._waiters.setdefault(principal_key(session, call_id), {})
+        if session.id in waiters:
+            return False
+        waiters[session.id] = session
+        self._delay = self.POLL_FIRST
+        if self._task is None:
+            loop = asyncio.get_running_loop()
+            self._task = loop.create_task(self._poll(), name="ledger: calls elsewhere")
+        return True
+
+    def forget(self, session: Session) -> None:
+        """``session`` ended: it waits for nothing any more."""
+        for key in list(self._waiters):
+            self._waiters[key].pop(session.id, None)
+            if not self._waiters[key]:
+                del self._waiters[key]
+        if not self._waiters and self._task is not None:
+            self._task.cancel()
+            self._task = None
+
+    async def _poll(self) -> None:
+        while self._waiters:
+            await asyncio.sleep(self._delay)
+            self._delay = min(self._delay * 2, self.POLL_MAX)
+            try:
+                self._deliver_ended()
+            except StoreUnavailable as exc:  # read again next round (SPEC D6, N7)
+                logger.warning("awaited calls elsewhere: %s", exc)
+        self._task = None
+
+    def _deliver_ended(self) -> None:
+        for key in list(self._waiters):
+            row = self._store.ledger(*key)
+            if row is not None and (row.state != "done" or row.outcome is None):
+                continue
+            waiters = self._waiters.pop(key)
+            if row is None or row.outcome is None:
+                # Purged meanwhile (past calls.call_id_window): nothing left to deliver.
+                logger.warning("call %s ended with no outcome left to deliver", key[2])
+                continue
+            for session in waiters.values():
+                if not session.ended:
+                    deliver(session, key[2], row.outcome)

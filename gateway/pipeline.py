@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Final
 
 from gateway.admission import Admission, CallChecks
 from gateway.approval_gate import ApprovalGate
@@ -38,6 +39,10 @@ from protocol.outcomes import CallOutcome
 __all__ = ["Call", "Pipeline"]
 
 logger = logging.getLogger("gateway.pipeline")
+
+STOPPED: Final = "the server stopped before this call started; it did not run"
+"""The ``unavailable`` message of a call a drain ended before its handler started (SPEC
+J6: one that never started is never reported as cut off while it ran)."""
 
 
 class Pipeline:
@@ -107,9 +112,7 @@ class Pipeline:
             del session.inflight[call_id]
             del self._call_state[(session.id, call_id)]
             task.cancel()
-            self.end.error(
-                call, ErrorCode.CANCELLED, "the call was cancelled", CallOutcome.CANCELLED
-            )
+            self._cancelled(call)
             return True
         if call.approval_id is not None:
             # SPEC A4: settled now, so a confirm in the same batch of frames finds it
@@ -151,6 +154,29 @@ class Pipeline:
             if not (expired and call is not None and call.executing):
                 self.cancel(session, call_id)
 
+    async def stop_unstarted(self) -> int:
+        """A drain (SPEC S4, J6): end every call here whose handler has not started
+        (waiting for a worker thread, a commit, a pre-hook; one waiting for approval
+        the drain hands off first) ``unavailable`` with :data:`STOPPED`, staged before
+        the store closes, so that no restart reports it as cut off while it ran
+        (SPEC I15: a re-send gets that outcome). Calls whose handler runs are left to
+        the drain. Returns how many were stopped, once each has ended."""
+        calls = [c for c in self._call_state.values() if not (c.executing or c.handed_off)]
+        tasks = [t for c in calls if (t := c.session.inflight.get(c.call_id)) is not None]
+        for call in calls:
+            call.stopped = True
+            self.cancel(call.session, call.call_id)
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return len(calls)
+
+    def _cancelled(self, call: Call) -> None:
+        """End a cancelled call (SPEC I8): ``cancelled``, or ``unavailable``
+        :data:`STOPPED` when a drain stopped it before its handler started (J6)."""
+        if call.stopped and not call.executing:
+            self.end.error(call, ErrorCode.UNAVAILABLE, STOPPED, CallOutcome.UNAVAILABLE)
+            return
+        self.end.error(call, ErrorCode.CANCELLED, "the call was cancelled", CallOutcome.CANCELLED)
+
     async def run(self, call: Call, steps: Callable[[], Awaitable[None]]) -> None:
         """Run one call's ``steps()`` to its single terminal event (SPEC I1-I14, I16)."""
         session = call.session
@@ -161,8 +187,7 @@ class Pipeline:
             # SPEC I8: the call ends ``cancelled`` and the cancellation propagates; a call
             # handed to another node (SPEC N6) ends there, not here.
             if not call.handed_off:
-                text = "the call was cancelled"
-                self.end.error(call, ErrorCode.CANCELLED, text, CallOutcome.CANCELLED)
+                self._cancelled(call)
             raise
         except PASS_THROUGH:
             raise

@@ -157,8 +157,10 @@ class Gateway:
         start, or the node that claims this one's work, adopts them. Alone, the node
         lets handlers end (up to ``server.drain_grace``, J6), then closes the sockets;
         as one of several nodes it closes them first, so that clients resume elsewhere
-        at once, and then lets its jobs and calls end (N6). Calling it again, or before
-        :meth:`start`, does nothing."""
+        at once, and then lets its jobs and calls end (N6). A call whose handler has not
+        started by then ends ``unavailable``, saying it did not run (J6,
+        :meth:`Pipeline.stop_unstarted <gateway.pipeline.Pipeline.stop_unstarted>`).
+        Calling it again, or before :meth:`start`, does nothing."""
         parts = self.parts
         self.ready = False
         if self.server is None or self._drained:
@@ -176,6 +178,10 @@ class Gateway:
             await parts.handoff.release()
             await self.jobs.shutdown(deadline)
             await self.workers.calls.wait_live(deadline)
+            # SPEC J6: a call whose handler has not started by now (it waits for a
+            # thread) never runs here; it ends saying so, not as cut off while it ran.
+            await parts.handoff.release()
+            await self.pipeline.stop_unstarted()
             await self._restart_sockets()
         else:
             # SPEC N6: other nodes share the store, so the sessions move first: each client
@@ -189,6 +195,7 @@ class Gateway:
             await asyncio.gather(
                 self.jobs.shutdown(deadline, patient=True), parts.handoff.drain(deadline)
             )
+            await self.pipeline.stop_unstarted()  # SPEC J6, as alone
             self.outbox.flush()
         parts.mcp_http.shutdown()
         await self.server.wait_closed()
@@ -196,8 +203,9 @@ class Gateway:
         if parts.node is not None:
             await parts.node.stop()
         self.store.close()
-        # Calls still in flight stay "running" in the store: the next start reports them
-        # (SPEC I12, A4). Their tasks end here, with nothing left to write to.
+        # Calls still in flight (their handlers started) stay "running" in the store: the
+        # next start reports them (SPEC I12, A4). Their tasks end here, with nothing left
+        # to write to.
         # (Pipeline.tasks: also calls of expired sessions whose handler runs on, I15.)
         calls = self.pipeline.tasks()
         for task in calls:

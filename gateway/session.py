@@ -78,6 +78,9 @@ class Session:
     catalog_version: str | None = None
     catalog_names: frozenset[str] = frozenset()
     inflight: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    promoted: int = 0
+    """Calls promoted to jobs (SPEC I14) whose handler has not returned: they still
+    count in flight (``limits.max_inflight_calls``, SPEC E2)."""
     done_calls: dict[str, None] = field(default_factory=dict)
     """Finished call ids, oldest first, for idempotent re-sends (SPEC I12); bounded by
     ``max_call_records``."""

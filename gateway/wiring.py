@@ -354,7 +354,7 @@ def build_gateway(
         settings.sessions.max_call_records,
     )
     approvals = Approvals(settings.calls.approval_timeout, clock)
-    elicitations = Elicitations(sessions.get, settings.calls.approval_timeout, clock)
+    elicitations = Elicitations(sessions.get, settings.calls.approval_timeout, clock, max_frame)
     authority = Authority(
         catalog, authenticator, clock, settings.auth.expiry_warning, sockets.close_lapsed
     )

@@ -35,8 +35,10 @@ CallId = NewType("CallId", str)
 ApprovalId = NewType("ApprovalId", str)
 JobId = NewType("JobId", str)
 
-RequestId = Annotated[StrictStr, Field(min_length=1, max_length=128)]
-Name = Annotated[StrictStr, Field(min_length=1, max_length=128)]
+NAME_MAX = 128
+"""Characters a request id, call id or tool name may have (SPEC E1)."""
+RequestId = Annotated[StrictStr, Field(min_length=1, max_length=NAME_MAX)]
+Name = Annotated[StrictStr, Field(min_length=1, max_length=NAME_MAX)]
 Seq = Annotated[StrictInt, Field(ge=1)]
 SeqOrZero = Annotated[StrictInt, Field(ge=0)]
 Time = StrictFloat

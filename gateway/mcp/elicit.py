@@ -19,12 +19,14 @@ and :meth:`settle` apply it with the same rules as an answer from this node's so
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from gateway.context import ToolContext
+from gateway.framesize import WIDEST_SEQ
 from gateway.session import Session
 from protocol import messages as m
 from protocol.codec import encode_json
@@ -33,6 +35,8 @@ Answer = tuple[m.ElicitAction, dict[str, Any] | None]
 """What goes back to the MCP server: the action and, for ``accept``, the content."""
 
 CANCELLED: Answer = (m.ElicitAction.CANCEL, None)
+
+logger = logging.getLogger("gateway.mcp")
 
 
 @dataclass(slots=True)
@@ -51,6 +55,7 @@ class Elicitations:
         session: session id -> the live or parked session, or ``None``.
         timeout: seconds a question waits for its answer (``calls.approval_timeout``).
         clock: Unix time in seconds, for ``expires_at``.
+        max_frame: the announced ``max_message_bytes`` (SPEC E2); ``None``: no bound.
     """
 
     def __init__(
@@ -58,10 +63,12 @@ class Elicitations:
         session: Callable[[str], Session | None],
         timeout: float,
         clock: Callable[[], float],
+        max_frame: int | None = None,
     ) -> None:
         self._session = session
         self._timeout = timeout
         self._clock = clock
+        self._max_frame = max_frame
         self._pending: dict[str, _Pending] = {}
 
     async def ask(self, ctx: ToolContext, message: str, schema: dict[str, Any]) -> Answer:
@@ -69,27 +76,37 @@ class Elicitations:
 
         Returns:
             The client's action and content, or ``cancel`` when the session is gone,
-            ends, or does not answer within the timeout.
+            ends, or does not answer within the timeout, or when the question's frame
+            would be larger than ``max_message_bytes`` (SPEC E2: never sent; logged).
         """
         session = self._session(ctx.session_id)
         if session is None or session.ended:
             return CANCELLED
         elicitation_id = "el_" + secrets.token_urlsafe(16)  # 128 random bits, as A2
-        future: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
         expires_at = self._clock() + self._timeout
+        request = m.ElicitRequest(
+            call_id=ctx.call_id,
+            tool=ctx.tool,
+            elicitation_id=elicitation_id,
+            message=message,
+            requested_schema=schema,
+            expires_at=expires_at,
+        )
+        size = len(encode_json(request.model_copy(update={"seq": WIDEST_SEQ}).model_dump()))
+        if self._max_frame is not None and size > self._max_frame:
+            logger.warning(
+                "call %s (%s): elicit.request would be %d bytes; at most %d fit; answered cancel",
+                ctx.call_id,
+                ctx.tool,
+                size,
+                self._max_frame,
+            )
+            return CANCELLED
+        future: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
         self._pending[elicitation_id] = _Pending(session.id, ctx.call_id, future, expires_at)
         try:
             self._note(session, ctx)
-            session.emit(
-                m.ElicitRequest(
-                    call_id=ctx.call_id,
-                    tool=ctx.tool,
-                    elicitation_id=elicitation_id,
-                    message=message,
-                    requested_schema=schema,
-                    expires_at=expires_at,
-                )
-            )
+            session.emit(request)
             async with asyncio.timeout(self._timeout):
                 return await future
         except TimeoutError:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import logging
 import uuid
@@ -278,11 +279,16 @@ class McpEndpoint:
         else:
             request = ctx.request
             mcp_session = request.headers.get("mcp-session-id") if request is not None else None
-            call_id = f"mcp:{mcp_session or uuid.uuid4().hex}:{ctx.request_id}"
-            link.waiters[call_id] = asyncio.Queue()
+            call_id = _call_id(mcp_session or uuid.uuid4().hex, ctx.request_id)
+            if not 0 < len(params.name) <= m.NAME_MAX:
+                # SPEC M4, I1: MCP bounds no name, toolbus does: no tool has this one, and
+                # nothing is registered for the call (F33).
+                shown = params.name[:40] + ("…" if len(params.name) > 40 else "")
+                return _error(f"unknown_tool: no tool named {shown!r}")
             invoke = m.Invoke(
                 id=call_id, call_id=call_id, tool=params.name, params=params.arguments or {}
             )
+            link.waiters[call_id] = asyncio.Queue()
             self.pipeline.accept(session, invoke)
         queue = link.waiters[call_id]
         parked = False
@@ -341,6 +347,15 @@ def _job_result(frame: dict[str, Any]) -> types.CallToolResult:
     return types.CallToolResult(
         content=[types.TextContent(text=frame["summary"])], structured_content=value
     )
+
+
+def _call_id(mcp_session: str, request_id: Any) -> str:
+    """The toolbus call id of one ``tools/call``: unique per MCP session and JSON-RPC id,
+    hashed when it would be longer than a call id may be (``NAME_MAX``; SPEC M4, E1)."""
+    call_id = f"mcp:{mcp_session}:{request_id}"
+    if len(call_id) <= m.NAME_MAX:
+        return call_id
+    return "mcp:" + hashlib.sha256(call_id.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def _error(text: str) -> types.CallToolResult:

@@ -8,6 +8,7 @@ counted by the lines the handlers append to a file, which also survives a restar
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -318,24 +319,42 @@ async def test_i15_python_client_learns_the_job_of_a_dispatch_it_never_saw(
         assert [(j.job_id, j.call_id) for j in jobs] == [(handle.job_id, "job-1")]
 
 
-async def test_i15_call_id_running_in_another_process_is_refused_not_run(
+async def test_i15_call_id_running_in_another_process_is_awaited_not_run(
     tmp_path: Path,
 ) -> None:
-    """SPEC I15: a ledger row still `running` that this process does not run (another
-    writer of the store runs it; recovery settled this process's own at start) is
-    refused `duplicate_call`, and the tool does not run here."""
+    """SPEC I15, N3: a ledger row still `running` that this process does not run
+    (another writer of the store runs it, as another node does; recovery settled this
+    process's own at start): the re-send is attached, not refused, and the tool does
+    not run here. Once that writer records the call's terminal event, the session gets
+    it under a seq of its own; a second re-send meanwhile is `duplicate_call`."""
     async with ledger_gateway(tmp_path) as gw:
         digest = params_hash(CHARGE)
-        gw.store.stage_ledger(
-            LedgerRow("", "alice", "o1", "held_charge", digest, "running", None, gw.clock())
+        running_row = LedgerRow(
+            "", "alice", "o1", "held_charge", digest, "running", None, gw.clock()
         )
+        gw.store.stage_ledger(running_row)
         gw.outbox.flush()
         async with peer(gw) as p:
             await p.invoke("o1", "held_charge", CHARGE, id="r1")
-            refused = await p.expect("error", id="r1")
+            await p.invoke("o1", "held_charge", CHARGE, id="r2")
+            refused = await p.expect("error", id="r2")
             assert (refused["code"], refused["details"]) == (
                 ErrorCode.DUPLICATE_CALL,
                 {"call_id": "o1"},
+            )
+            assert [m for m in p.seen if m.get("id") == "r1"] == []
+            before = max(m["seq"] for m in p.seen if "seq" in m)
+            outcome = (
+                b'{"type":"result","seq":9,"call_id":"o1","tool":"held_charge",'
+                b'"result":{"charged":100}}'
+            )
+            gw.store.stage_ledger(dataclasses.replace(running_row, state="done", outcome=outcome))
+            gw.outbox.flush()
+            result = await p.terminal("o1")
+            assert (result["type"], result["result"], result["seq"]) == (
+                "result",
+                {"charged": 100},
+                before + 1,
             )
         assert lt.runs(gw.settings.data_dir) == []
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import tests.gateway.tools_for_tests as tt
 from catalog.model import Profile
+from gateway.ledger import params_hash
 from gateway.pipeline import Call
 from gateway.server import Gateway
 from protocol import messages as m
@@ -495,11 +496,14 @@ async def test_i12_concurrent_calls_each_get_one_terminal(tmp_path: Path) -> Non
 
 
 async def test_i12_resend_before_the_terminal_is_committed(tmp_path: Path) -> None:
-    """SPEC I12: a re-send in the tick the call finished still gets the outcome."""
+    """SPEC I12: a re-send in the tick the call finished still gets the outcome. The
+    call is opened in the ledger as admission opens every call (SPEC I15: a session's
+    record of a call id whose ledger key is gone is past the window, new again)."""
     async with serve(tmp_path) as gw, peer(gw) as p:
         session = gw.sessions.get(p.welcome["session_id"])
         assert session is not None
         call = Call(session, "c1", "echo", {}, time.perf_counter())
+        gw.pipeline.ledger.open(session, "c1", "echo", params_hash({}))
         gw.pipeline.end.finish(call, CallOutcome.OK, m.Result, result={"x": 1})
         gw.pipeline.accept(session, m.Invoke(call_id="c1", tool="echo"))  # no await in between
         first = await p.terminal("c1")

@@ -167,3 +167,26 @@ async def test_m3_a4_an_answer_past_expires_at_is_expired_before_the_timeout(
             assert (result["type"], result["result"]["text"]) == ("result", "cancel")
     finally:
         await gw.drain()
+
+
+async def test_m4_e1_a_long_json_rpc_id_still_calls_the_tool(gateway: Gateway) -> None:
+    """SPEC M4, E1: JSON-RPC bounds no id. A ``tools/call`` whose id has 300 characters
+    makes a call id longer than toolbus allows; it is hashed, so the call runs and
+    answers under that id, and nothing is left waiting (F33)."""
+    url = f"http://127.0.0.1:{gateway.port}/mcp"
+    long_id = "r" * 300
+    call = {
+        "jsonrpc": "2.0",
+        "id": long_id,
+        "method": "tools/call",
+        "params": {
+            "name": "convert_units",
+            "arguments": {"value": 1, "from_unit": "m", "to_unit": "cm"},
+        },
+    }
+    async with httpx2.AsyncClient(timeout=10) as http:
+        alice = await _open(http, url, "alice-token")
+        answer = _body(await http.post(url, json=call, headers=alice))
+    assert answer["id"] == long_id
+    assert answer["result"]["isError"] is False, answer
+    assert answer["result"]["structuredContent"]["result"] == 100
