@@ -90,6 +90,11 @@ class TokenFileAuthenticator:
             return object()
         return self._mtime
 
+    def seen(self) -> object:
+        """:meth:`version` as of the last read of the file, without looking at the file
+        again (no ``stat``): cheap enough for every handler start (SPEC S6, A7)."""
+        return self._mtime
+
     def _reload(self) -> None:
         """Re-read the file when its mtime changed (SPEC S2, O5).
 
@@ -219,6 +224,10 @@ class ChainAuthenticator:
         """The members' versions (see :func:`version_of`), for change detection."""
         return tuple(version_of(authenticator) for authenticator in self._chain)
 
+    def seen(self) -> object:
+        """The members' versions as last seen (see :func:`seen_version_of`)."""
+        return tuple(seen_version_of(authenticator) for authenticator in self._chain)
+
     def authenticate(self, credential: str | None) -> Identity:
         reasons = []
         for authenticator in self._chain:
@@ -246,6 +255,15 @@ def version_of(authenticator: Authenticator) -> object:
     ``exp``), so :class:`JwtAuthenticator` answers a constant."""
     version = getattr(authenticator, "version", None)
     return version() if callable(version) else object()
+
+
+def seen_version_of(authenticator: Authenticator) -> object:
+    """:func:`version_of` as the authenticator last saw it (a token file as last read,
+    by a ``hello`` or a sweep), without reading anything again: a cheap check, for every
+    handler start, that no change was seen since (SPEC S6, A7). One without a ``seen()``
+    method answers :func:`version_of`."""
+    seen = getattr(authenticator, "seen", None)
+    return seen() if callable(seen) else version_of(authenticator)
 
 
 def bearer(header: str | None) -> str | None:

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from catalog.visibility import Scope, check_access
-from gateway.auth import Authenticator, AuthError, Identity, version_of
+from gateway.auth import Authenticator, AuthError, Identity, seen_version_of, version_of
 from gateway.credref import encode_ref, lapse_of
 from gateway.tasks import periodic
 from protocol import messages as m
@@ -211,10 +211,10 @@ class Authority:
         if expires is not None and self._clock() >= expires:
             code = ErrorCode.CREDENTIAL_EXPIRED
             return Lapse(code, _LAPSED[code])
-        if expires is None and version_of(self._authenticator) != self._swept:
-            # SPEC S6, A7: the token file changed since the last sweep (a hello may have
-            # seen the change already): this credential is checked now, not at the next
-            # sweep, which closes its socket 4005 (not from here: this may be a thread).
+        if expires is None and seen_version_of(self._authenticator) != self._swept:
+            # SPEC S6, A7: a change of the token file was seen since the last sweep (by
+            # a hello, say; no stat here): this credential is checked now, not at the
+            # next sweep, which closes its socket 4005 (not from here: maybe a thread).
             identity = self._still(credential.token)
             if identity is None or admits(identity, session) is not None:
                 code = ErrorCode.CREDENTIAL_REVOKED
