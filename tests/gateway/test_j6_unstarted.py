@@ -10,37 +10,20 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from gateway.context import ToolContext
 from gateway.pipeline import STOPPED
 from gateway.server import Gateway
 from protocol.errors import ErrorCode
+from tests.gateway import thread_tools
+from tests.gateway.thread_tools import HOG_RELEASE, HOG_STARTED, RAN, RUNS, wait_thread
 from tests.pg_support import pg_url  # noqa: F401 (fixture)
 from tests.support import WAIT, closed, own_catalog, peer, running, settings_for
 
-TOOLS = """
-tools:
-  - name: hog
-    description: A plain handler that holds its worker thread until released.
-    capability: r.basic
-    timeout: 0
-    handler: tests.gateway.test_j6_unstarted:hog
-  - name: promo_plain
-    description: A plain sync handler promoted to a job past its soft deadline.
-    capability: r.basic
-    timeout: 0
-    promote_after: 0.05
-    handler: tests.gateway.test_j6_unstarted:mark
-  - name: quick
-    description: A plain handler that records its run and answers.
-    capability: r.basic
-    handler: tests.gateway.test_j6_unstarted:mark
-"""
+TOOLS = thread_tools.TOOLS
 
 PROFILES = """
 safe_default: []
@@ -50,30 +33,10 @@ profiles:
 """
 
 ONE_THREAD = {"worker_threads": 1, "threads_per_session": 1, "threads_per_user": 1}
-RUNS: list[str] = []
-"""The call id of every ``mark`` run, in order."""
-RAN = threading.Event()
-HOG_STARTED = threading.Event()
-HOG_RELEASE = threading.Event()
 
 
 def _reset() -> None:
-    RUNS.clear()
-    RAN.clear()
-    HOG_STARTED.clear()
-    HOG_RELEASE.clear()
-
-
-def hog(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
-    HOG_STARTED.set()
-    HOG_RELEASE.wait(WAIT)
-    return {"hog": True}
-
-
-def mark(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
-    RUNS.append(ctx.call_id)
-    RAN.set()
-    return {"ran": ctx.call_id}
+    thread_tools.reset()
 
 
 def _settings(tmp: Path, grace: float = 0.0, **sections: Any) -> Any:
@@ -84,11 +47,6 @@ def _settings(tmp: Path, grace: float = 0.0, **sections: Any) -> Any:
         server={"port": 0, "heartbeat_interval": 0, "drain_grace": grace},
         **sections,
     )
-
-
-async def _wait_thread(event: threading.Event) -> None:
-    async with asyncio.timeout(WAIT):
-        assert await asyncio.to_thread(event.wait, WAIT)
 
 
 async def _job(p: Any, job_id: str, request_id: str) -> dict[str, Any]:
@@ -112,7 +70,7 @@ async def test_j6_promoted_call_turns_running_only_when_its_thread_frees(
     async with running(_settings(tmp_path, store=store)) as gw, peer(gw) as p:
         try:
             await p.invoke("h1", "hog", {})
-            await _wait_thread(HOG_STARTED)
+            await wait_thread(HOG_STARTED)
             await p.invoke("c1", "promo_plain", {})
             dispatched = await p.terminal("c1")
             assert dispatched["type"] == "dispatched", dispatched
@@ -145,7 +103,7 @@ async def test_j6_a_call_that_gets_its_thread_within_the_drain_grace_runs_to_its
     try:
         async with peer(gw) as p:
             await p.invoke("h1", "hog", {})
-            await _wait_thread(HOG_STARTED)
+            await wait_thread(HOG_STARTED)
             await p.invoke("c1", "quick", {})
             await p.expect("tool_start", call_id="c1")  # gates passed; waits for the thread
             drain = asyncio.create_task(gw.drain())
@@ -185,7 +143,7 @@ async def test_j6_on_a_node_of_several_a_drained_waiting_call_says_it_did_not_ru
     try:
         async with peer(a) as p:
             await p.invoke("h1", "hog", {})
-            await _wait_thread(HOG_STARTED)
+            await wait_thread(HOG_STARTED)
             await p.invoke("c1", "quick", {})
             await p.expect("tool_start", call_id="c1")
             drain = asyncio.create_task(a.drain())
@@ -220,7 +178,7 @@ async def test_j6_a_call_promoted_during_a_drain_while_it_waits_stays_queued_and
     try:
         async with peer(gw) as p:
             await p.invoke("h1", "hog", {})
-            await _wait_thread(HOG_STARTED)
+            await wait_thread(HOG_STARTED)
             drain = asyncio.create_task(gw.drain())
             await asyncio.sleep(0)
             assert gw.draining
@@ -242,5 +200,5 @@ async def test_j6_a_call_promoted_during_a_drain_while_it_waits_stays_queued_and
     conn.close()
     assert tuple(row) == ("queued", None)
     async with running(settings):
-        await _wait_thread(RAN)
+        await wait_thread(RAN)
     assert RUNS == ["c1"]

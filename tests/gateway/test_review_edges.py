@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,8 @@ import yaml
 
 from gateway.context import ToolContext
 from gateway.server import Gateway
+from tests.gateway import thread_tools
+from tests.gateway.thread_tools import HOG_RELEASE, HOG_STARTED, RUNS, wait_thread
 from tests.pg_support import pg_url  # noqa: F401 (fixture)
 from tests.support import (
     WAIT,
@@ -35,19 +36,9 @@ from tests.support import (
     signal,
 )
 
-TOOLS = """
-tools:
-  - name: hog
-    description: A plain handler that holds its worker thread until released.
-    capability: r.basic
-    timeout: 0
-    handler: tests.gateway.test_review_edges:hog
-  - name: promo_plain
-    description: A plain sync handler promoted to a job past its soft deadline.
-    capability: r.basic
-    timeout: 0
-    promote_after: 0.05
-    handler: tests.gateway.test_review_edges:mark
+TOOLS = (
+    thread_tools.TOOLS
+    + """
   - name: apromo
     description: An async def handler promoted to a job; waits for the test's release.
     capability: r.basic
@@ -63,25 +54,22 @@ tools:
       type: object
       properties:
         n: {type: integer}
-  - name: quick
-    description: A plain handler that records its run and answers.
-    capability: r.basic
-    handler: tests.gateway.test_review_edges:mark
   - name: gated_quick
     description: Needs approval, then records its run.
     capability: r.basic
     requires_approval: true
-    handler: tests.gateway.test_review_edges:mark
+    handler: tests.gateway.thread_tools:mark
   - name: async_quick
     description: A coroutine handler that records its run.
     capability: r.basic
-    handler: tests.gateway.test_review_edges:amark
+    handler: tests.gateway.thread_tools:amark
   - name: job_quick
     description: An async job that records its run.
     capability: r.basic
     mode: async
-    handler: tests.gateway.test_review_edges:amark
+    handler: tests.gateway.thread_tools:amark
 """
+)
 
 PROFILES = """
 safe_default: []
@@ -96,35 +84,12 @@ profiles:
     capabilities: [r.basic]
 """
 
-RUNS: list[str] = []
-"""The call id of every handler run (``mark``/``amark``), in order."""
-HOG_STARTED = threading.Event()
-HOG_RELEASE = threading.Event()
-
 
 def _reset() -> None:
     RUNNING.clear()
     PEAK[0] = 0
     RELEASE.clear()
-    RUNS.clear()
-    HOG_STARTED.clear()
-    HOG_RELEASE.clear()
-
-
-def hog(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
-    HOG_STARTED.set()
-    HOG_RELEASE.wait(WAIT)
-    return {"hog": True}
-
-
-def mark(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
-    RUNS.append(ctx.call_id)
-    return {"ran": ctx.call_id}
-
-
-async def amark(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
-    RUNS.append(ctx.call_id)
-    return {"ran": ctx.call_id}
+    thread_tools.reset()
 
 
 RUNNING: set[str] = set()
@@ -158,11 +123,6 @@ def _settings(tmp: Path, **sections: Any) -> Any:
     return settings_for(tmp, catalog=own_catalog(tmp, TOOLS, PROFILES), **sections)
 
 
-async def _wait_thread(event: threading.Event) -> None:
-    async with asyncio.timeout(WAIT):
-        assert await asyncio.to_thread(event.wait, WAIT)
-
-
 # -- J6, I14: a promoted call whose plain handler still waits for a worker thread -------
 
 
@@ -186,7 +146,7 @@ async def test_j6_promoted_call_waiting_for_a_thread_is_not_reported_started(
     try:
         async with peer(gw) as p:
             await p.invoke("h1", "hog", {})
-            await _wait_thread(HOG_STARTED)
+            await wait_thread(HOG_STARTED)
             await p.invoke("c1", "promo_plain", {})
             dispatched = await p.terminal("c1")
             assert dispatched["type"] == "dispatched"
@@ -261,7 +221,7 @@ async def test_i8_expired_session_call_waiting_for_a_thread_never_starts(
         try:
             async with peer(gw) as p:
                 await p.invoke("h1", "hog", {})
-                await _wait_thread(HOG_STARTED)
+                await wait_thread(HOG_STARTED)
                 await p.invoke("c1", "quick", {})
                 await p.expect("tool_start", call_id="c1")  # gates passed; waits for the thread
                 await dropped(p, parked)
@@ -306,7 +266,7 @@ async def test_i15_resend_on_another_node_while_the_call_runs_gets_its_terminal(
     ):
         try:
             await on_a.invoke("c1", "hog", {})
-            await _wait_thread(HOG_STARTED)
+            await wait_thread(HOG_STARTED)
             await on_b.invoke("c1", "hog", {})
             await barrier(on_b)
         finally:
@@ -500,7 +460,7 @@ async def test_j6_call_waiting_for_a_thread_at_a_drain_is_not_reported_as_run(
     try:
         async with peer(gw) as p:
             await p.invoke("h1", "hog", {})
-            await _wait_thread(HOG_STARTED)
+            await wait_thread(HOG_STARTED)
             await p.invoke("c1", "quick", {})
             await p.expect("tool_start", call_id="c1")  # gates passed; waits for the thread
             drain = asyncio.create_task(gw.drain())
