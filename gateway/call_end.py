@@ -65,7 +65,9 @@ class Call:
     """Its task took its first step (:meth:`gateway.pipeline.Pipeline.run` runs)."""
     executing: bool = False
     """Its handler started (the ``on_start`` of :func:`gateway.execute.run_handler`, after
-    every wait): an expiring session no longer cancels it (SPEC I15, I8)."""
+    every wait; after a wait for a worker thread, once its start is durable,
+    :class:`gateway.call_start.CallStart`): an expiring session no longer cancels it
+    (SPEC I15, I8)."""
     stopped: bool = False
     """A drain stopped it before its handler started (SPEC S4, J6): it ends
     ``unavailable``, saying it did not run (:meth:`gateway.pipeline.Pipeline.stop_unstarted`)."""

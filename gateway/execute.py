@@ -11,7 +11,7 @@ from typing import Any
 
 from gateway.context import ToolContext
 from gateway.watchdog import track
-from gateway.workers import Lane
+from gateway.workers import Lane, Waiter
 
 
 class Start:
@@ -21,24 +21,33 @@ class Start:
     A sync call still running at ``promote_after`` becomes a job, and its plain handler
     may still wait for a worker thread then. Until the handler starts, neither the call
     nor the job may be reported as started: the start calls :attr:`then`, which is the
-    call's hook at first; the job runner points it at the job's when it adopts a handler
-    that has not started, so the job turns ``running`` only then.
+    call's own start (:meth:`begin`) at first; the job runner points it at the job's
+    when it adopts a handler that has not started, so the job turns ``running`` only
+    then.
 
     Attributes:
         then: what the start does now (an ``on_start``: it may return an awaitable, and
-            raising stops the handler from starting).
-        started: ``True`` once the start was reached (:attr:`then` was called).
+            raising stops the handler from starting); ``None``: :meth:`begin`.
+        started: ``True`` once the start was reached.
     """
 
     __slots__ = ("started", "then")
 
-    def __init__(self, then: Callable[[], Awaitable[None] | None]) -> None:
+    def __init__(self, then: Callable[[], Awaitable[None] | None] | None = None) -> None:
         self.then = then
         self.started = False
 
     def __call__(self) -> Awaitable[None] | None:
         self.started = True
-        return self.then()
+        then = self.then
+        return self.begin() if then is None else then()
+
+    def begin(self) -> Awaitable[None] | None:
+        """The start of the handler's first owner, while :attr:`then` is ``None`` (a
+        subclass's, :class:`gateway.call_start.CallStart`; here nothing). Not a bound
+        method kept in :attr:`then`: that would make each start a reference cycle, left
+        to the garbage collector."""
+        return None
 
 
 async def run_handler(
@@ -50,6 +59,7 @@ async def run_handler(
     *,
     wait: float | None = None,
     on_start: Callable[[], Awaitable[None] | None] | None = None,
+    waiter: Waiter | None = None,
 ) -> Any:
     """Call ``func(params, ctx)`` without ever blocking the event loop (SPEC S3, E3).
 
@@ -75,6 +85,10 @@ async def run_handler(
             ``running`` only then, SPEC J6); raising stops the handler from starting.
             It may return an awaitable (the start's share of a group commit), awaited
             before the handler starts; raising from it stops the start too.
+        waiter: told when a plain handler has to wait for a slot, before the wait
+            (:meth:`Lane.acquire <gateway.workers.Lane.acquire>`; SPEC J6: a sync call
+            records then that it has not started). Not told when a slot is free at once,
+            nor for a coroutine function.
 
     SPEC A7: ``ctx.recheck()`` runs right before the handler starts, after every wait
     (on the loop, once a slot is held; again after ``on_start``'s awaitable); the
@@ -96,6 +110,7 @@ async def run_handler(
             (ctx.tenant, ctx.user),
             ctx.tool,
             None if wait is None else loop.time() + wait,
+            waiter,
         )
         try:
             ctx.recheck()

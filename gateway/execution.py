@@ -18,9 +18,10 @@ from typing import TYPE_CHECKING, Any
 from catalog.model import Mode, ToolDef
 from gateway.authority import Authority, Lapse
 from gateway.call_end import PASS_THROUGH, Call, CallEnd
+from gateway.call_start import CallStart
 from gateway.config import CallsConfig
 from gateway.context import ProgressRelay, ToolContext, no_progress
-from gateway.execute import Start, as_object, run_handler
+from gateway.execute import as_object, run_handler
 from gateway.failures import ToolFailure, describe
 from gateway.hooks import CallInfo, PostHook, PreHook, run_post, run_pre
 from gateway.jobs import Adopted, JobRunner, PostProcess
@@ -217,8 +218,8 @@ class Execution:
             return
         # SPEC E3: the limit counts from the handler's start; the wait for a worker
         # thread is bounded by calls.thread_wait (then ``busy``, never started). SPEC
-        # I8, J6: the call is executing only once its handler starts (its on_start).
-        start = Start(functools.partial(_executing, call))
+        # I8, J6: executing only once its handler starts; a wait is recorded (CallStart).
+        start = CallStart(call, self.ledger)
         run = functools.partial(
             run_handler, ctx=ctx, lane=self.pool, limit=limit, wait=self.calls.thread_wait
         )
@@ -226,12 +227,12 @@ class Execution:
             if tool.promote_after is None:
                 # Awaited in this task: a handler that answers at once costs no extra
                 # loop turn, so tool_start and result share one commit (SPEC D1).
-                value = await run(tool.func, call.params, on_start=start)
+                value = await run(tool.func, call.params, on_start=start, waiter=start)
             else:
                 # SPEC I14, J5: the handler gets its own copy of the arguments; the job
                 # a promotion creates stores the ones the call was given.
                 own = decode_json(encode_json(call.params))
-                work = asyncio.ensure_future(run(tool.func, own, on_start=start))
+                work = asyncio.ensure_future(run(tool.func, own, on_start=start, waiter=start))
                 try:
                     done, _ = await asyncio.wait({work}, timeout=tool.promote_after)
                 except asyncio.CancelledError:
@@ -302,8 +303,3 @@ def _in_flight_until_done(session: Session, handler: asyncio.Future[Any]) -> Non
 def _unpromoted(session: Session) -> None:
     """A promoted call's handler returned: it no longer counts in flight (SPEC E2)."""
     session.promoted -= 1
-
-
-def _executing(call: Call) -> None:
-    """SPEC I8, I15: ``call``'s handler starts; an expiring session no longer cancels it."""
-    call.executing = True

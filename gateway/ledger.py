@@ -13,7 +13,9 @@ used before, from any of its sessions, never runs the tool again:
                         recorded (:class:`Elsewhere`, SPEC N3)
     finished         -> the recorded terminal event is delivered again
     cut off          -> a call a restart cut off answers the restart's ``cancelled``
-                        (recovery records it at start)
+                        (recovery records it at start); one that was still waiting
+                        for a worker thread answers ``unavailable``, saying it did not
+                        run (SPEC J6, :meth:`CallLedger.waiting`)
     another tool or
     other parameters -> refused ``call_id_conflict``; the record stays as it was
 
@@ -43,6 +45,11 @@ logger = logging.getLogger("gateway.ledger")
 
 RESTARTED: Final = "the server restarted while this call ran"
 """The message of the ``cancelled`` terminal of a call a restart cut off (SPEC I12, I15)."""
+
+UNSTARTED: Final = "the server restarted before this call started; it did not run"
+"""The message of the ``unavailable`` terminal of a call a restart cut off while its
+plain handler still waited for a worker thread (SPEC J6: never reported as cut off
+while it ran; :meth:`CallLedger.waiting`)."""
 
 Key = tuple[str, str, str]
 """``(tenant or "", user, call_id)``."""
@@ -220,6 +227,51 @@ class CallLedger:
         Otherwise the call joins the group commit (one loop turn, no extra write)."""
         return await session.outbox.durable(session.ungated_tool_start or decided)
 
+    def waiting(self, session: Session, call_id: str) -> bool:
+        """SPEC J6: the call's plain handler has to wait for a worker thread. Its
+        ``running`` row is staged again, holding as its ``outcome`` the terminal event a
+        restart records for it: ``unavailable`` :data:`UNSTARTED` instead of the
+        ``cancelled`` :data:`RESTARTED` of a call whose handler started
+        (:meth:`recover`). Durable with the next flush, as every staged row; the call's
+        start must then be staged (:meth:`started`) and made durable before its handler
+        runs (:class:`gateway.execution.CallStart`). ``False`` when the call does not
+        run here (nothing staged).
+
+        Only a call that waits pays this: a call that gets its thread at once, or runs
+        on the loop, stages nothing more than before (issue 13). A ``running`` row keeps
+        ``state`` ``running`` (a node of an earlier release reads it as before, SPEC
+        N6), and each one staged counts as a key more in the SQLite store's filter
+        (:class:`gateway.store_keys.LedgerKeys`: it fills a little sooner, never a
+        false negative)."""
+        key = principal_key(session, call_id)
+        live = self._live.get(key)
+        if live is None:
+            return False
+        event = m.CallError(
+            seq=1, call_id=call_id, tool=live.tool, code=ErrorCode.UNAVAILABLE, message=UNSTARTED
+        )
+        outcome = encode(event)
+        row = LedgerRow(*key, live.tool, live.params_hash, "running", outcome, live.created_at)
+        self._store.stage_ledger(row)
+        return True
+
+    def started(self, session: Session, call_id: str) -> None:
+        """SPEC J6: a call :meth:`waiting` recorded got its thread and its handler is
+        about to start: its ``running`` row is staged again without an outcome, so a
+        restart from now on reports it cut off while it ran (:data:`RESTARTED`). The
+        caller makes it durable before the handler starts."""
+        key = principal_key(session, call_id)
+        live = self._live.get(key)
+        if live is not None:
+            row = LedgerRow(*key, live.tool, live.params_hash, "running", None, live.created_at)
+            self._store.stage_ledger(row)
+
+    def never_started(self, session: Session, call_id: str) -> bool:
+        """Whether the store records the call as not started (SPEC J6): a ``running`` row
+        :meth:`waiting` staged, whose start (:meth:`started`) never became durable."""
+        row = self._store.ledger(*principal_key(session, call_id))
+        return row is not None and _unstarted(row)
+
     def finish(self, session: Session, call_id: str, body: bytes) -> list[Session]:
         """Record the call's terminal event; returns the sessions to deliver it to
         (those that attached, still open)."""
@@ -246,9 +298,11 @@ class CallLedger:
         self, rows: list[LedgerRow] | None = None, keep: Collection[Key] = frozenset()
     ) -> int:
         """At start: every call still ``running`` in the store was cut off by a crash or
-        restart; it ends ``cancelled`` (SPEC I12, I15) and never runs again. Returns how
-        many there were. ``rows``: only these (a dead node's, SPEC N4); default: every
-        running row. ``keep``: keys of calls adopted here, which run on (SPEC N6)."""
+        restart; it ends ``cancelled`` (SPEC I12, I15) and never runs again, or, when its
+        row says its handler had not started (:meth:`waiting`), ``unavailable``
+        :data:`UNSTARTED` (SPEC J6). Returns how many there were. ``rows``: only these
+        (a dead node's, SPEC N4); default: every running row. ``keep``: keys of calls
+        adopted here, which run on (SPEC N6)."""
         rows = self._store.running_ledger() if rows is None else rows
         rows = [r for r in rows if (r.tenant, r.user, r.call_id) not in keep]
         for row in rows:
@@ -263,13 +317,17 @@ class CallLedger:
 
     def _interrupt(self, row: LedgerRow) -> LedgerRow:
         # The seq is a placeholder: a recorded event reaches a session under its own.
-        event = m.CallError(
-            seq=1,
-            call_id=row.call_id,
-            tool=row.tool,
-            code=ErrorCode.CANCELLED,
-            message=RESTARTED,
-        )
+        # SPEC J6: a call that never started carries the outcome recorded for it.
+        outcome = row.outcome if _unstarted(row) else None
+        if outcome is None:
+            event = m.CallError(
+                seq=1,
+                call_id=row.call_id,
+                tool=row.tool,
+                code=ErrorCode.CANCELLED,
+                message=RESTARTED,
+            )
+            outcome = encode(event)
         done = LedgerRow(
             row.tenant,
             row.user,
@@ -277,11 +335,17 @@ class CallLedger:
             row.tool,
             row.params_hash,
             "done",
-            encode(event),
+            outcome,
             row.created_at,
         )
         self._store.stage_ledger(done)
         return done
+
+
+def _unstarted(row: LedgerRow) -> bool:
+    """Whether ``row`` records a call whose handler had not started (SPEC J6): only
+    :meth:`CallLedger.waiting` stages a ``running`` row with an outcome."""
+    return row.state == "running" and row.outcome is not None
 
 
 def deliver(session: Session, call_id: str, outcome: bytes) -> None:

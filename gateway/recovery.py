@@ -3,10 +3,12 @@
 :meth:`Recovery.run` is called once by :meth:`gateway.server.Gateway.start`, before the
 port is bound: stored sessions come back parked (expired ones are deleted), calls a
 restart cut off end ``cancelled`` (a pending approval they waited on is resolved
-``disconnected`` first, SPEC A4, A6), the call ledger's running rows end, and the job
-runner settles unfinished jobs, re-running those it may (SPEC J5), each gated again at
-its handler's start (SPEC A7). The jobs of mounted MCP tools not listed yet are held and
-settled by :meth:`Recovery.settle_mounted` once their servers answered (SPEC J5, M2).
+``disconnected`` first, SPEC A4, A6), or ``unavailable`` saying they did not run when
+their handler still waited for a worker thread (SPEC J6), the call ledger's running
+rows end the same way, and the job runner settles unfinished jobs, re-running those it
+may (SPEC J5), each gated again at its handler's start (SPEC A7). The jobs of mounted
+MCP tools not listed yet are held and settled by :meth:`Recovery.settle_mounted` once
+their servers answered (SPEC J5, M2).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from gateway.context import ToolContext
 from gateway.handoff import Handoff
 from gateway.job_recovery import JobRecovery
 from gateway.jobs import PostProcess
-from gateway.ledger import Key, principal_key
+from gateway.ledger import RESTARTED, UNSTARTED, Key, principal_key
 from gateway.mcp.mounts import McpMounts
 from gateway.outbox import Outbox
 from gateway.pipeline import Pipeline
@@ -145,7 +147,9 @@ class Recovery:
     def _settle_calls(
         self, calls: list[tuple[str, str, bytes | None]], sessions: Mapping[str, Session]
     ) -> set[Key]:
-        """Calls a restart or a dead node cut off end ``cancelled`` (SPEC I12, A4), unless
+        """Calls a restart or a dead node cut off end ``cancelled`` (SPEC I12, A4), or
+        ``unavailable`` :data:`~gateway.ledger.UNSTARTED` when their ledger row says their
+        handler had not started (SPEC J6: it waited for a worker thread), unless
         their ledger row says they ended (N3: their end waits in an inbox); those a
         drained node handed off while pending approval are adopted here and run on
         (SPEC N6, :mod:`gateway.handoff`). Returns the ledger keys of the adopted ones."""
@@ -169,7 +173,9 @@ class Recovery:
     ) -> None:
         """A call a restart cut off ends ``cancelled`` (SPEC I12: one terminal reply); a
         pending approval it waited on is resolved ``disconnected`` first (SPEC A4, A6).
-        ``session``: the call's session here, if any."""
+        One whose handler had not started (its ledger row says so) ends ``unavailable``
+        :data:`~gateway.ledger.UNSTARTED`, as the ledger records it for a re-send
+        (SPEC J6, I15). ``session``: the call's session here, if any."""
         if session is None:
             return
         tool = note.get("tool", "")
@@ -184,14 +190,11 @@ class Recovery:
                     reason=m.ResolutionReason.DISCONNECTED,
                 )
             )
-        body = session.emit(
-            m.CallError(
-                call_id=call_id,
-                tool=tool,
-                code=ErrorCode.CANCELLED,
-                message="the server restarted while this call ran",
-            )
-        )
+        if self._pipeline.ledger.never_started(session, call_id):
+            code, message = ErrorCode.UNAVAILABLE, UNSTARTED
+        else:
+            code, message = ErrorCode.CANCELLED, RESTARTED
+        body = session.emit(m.CallError(call_id=call_id, tool=tool, code=code, message=message))
         session.call_done(call_id, body)
 
     def _rerun_plan(

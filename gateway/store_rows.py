@@ -132,6 +132,9 @@ class LedgerRow:
     ``tenant`` is ``""`` for a principal without a tenant. ``state`` is ``running`` or
     ``done``; ``outcome`` holds the terminal event's bytes once ``done`` (its ``seq`` is
     the first session's: another session gets the event under a ``seq`` of its own).
+    A ``running`` row has none, except while its call's plain handler waits for a
+    worker thread: then it holds the terminal event a restart records for it, saying it
+    did not run (SPEC J6, :meth:`gateway.ledger.CallLedger.waiting`).
     ``params_hash`` is the SHA-256 hex of the parameters' canonical JSON.
     ``created_at`` is Unix seconds; the row is purged a window after it.
     """

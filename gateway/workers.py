@@ -33,7 +33,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from gateway.failures import ToolFailure
 from gateway.metrics import Metrics
@@ -44,6 +44,15 @@ logger = logging.getLogger("gateway.workers")
 K = TypeVar("K")
 UserKey = tuple[str | None, str]
 """A principal: (tenant, user)."""
+
+
+class Waiter(Protocol):
+    """Told when a caller of :meth:`Lane.acquire` has to wait for a slot (SPEC J6)."""
+
+    def waiting(self) -> None:
+        """No slot was free: the caller waits from now on. Called on the loop, once,
+        before the wait begins, and never when a slot was free at once; raising ends
+        the acquire with that exception, holding nothing."""
 
 
 class NoThread(ToolFailure):
@@ -263,9 +272,18 @@ class Lane:
     # -- running ---------------------------------------------------------------------------
 
     async def acquire(
-        self, session_id: str, user: UserKey, tool: str, deadline: float | None
+        self,
+        session_id: str,
+        user: UserKey,
+        tool: str,
+        deadline: float | None,
+        waiter: Waiter | None = None,
     ) -> Slot:
         """Take a slot, waiting until ``deadline`` (event-loop time; ``None``: no limit).
+
+        ``waiter`` is told (:meth:`Waiter.waiting`) when no slot is free and the wait
+        begins: a sync call records then that its handler has not started (SPEC J6). A
+        slot free at once costs it nothing.
 
         Raises:
             NoThread: the deadline passed with the session's, the user's or the lane's
@@ -275,6 +293,8 @@ class Lane:
         if self._fits(slot):
             self._take(slot)
             return slot
+        if waiter is not None:
+            waiter.waiting()
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         entry = (slot, future)
         self._waiters.append(entry)

@@ -1,0 +1,291 @@
+"""A sync call still waiting for a worker thread when the server process is killed
+never ran, and after the restart it says so; one whose handler started is reported
+cut off while it ran (SPEC J6, I12, I15, D3).
+
+The server runs in a process of its own (``SERVER_SCRIPT``) with one worker thread for
+calls, and is killed with SIGKILL, as ``test_restart.py`` does; the next server starts
+in this process on the same data folder (SQLite) or the same schema (PostgreSQL). Each
+run of a handler appends its call id to a file in the data folder (the count survives
+the kill); a handler holds its thread until the ``let_go`` tool releases it, so no test
+sleeps to order events. The kill comes once the store holds the waiting call as not
+started (polled: the SQLite file and its journal, or the PostgreSQL table), which is
+the durable record a restart reads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sqlite3
+import threading
+from pathlib import Path
+from typing import Any
+
+import orjson
+import psycopg
+
+from gateway.context import ToolContext
+from gateway.store_journal import SUFFIX
+from gateway.store_pg_batch import cid
+from protocol.errors import ErrorCode
+from tests.gateway.store_faults import until
+from tests.pg_support import store_backend  # noqa: F401 (fixture: SQLite, PostgreSQL)
+from tests.support import (
+    WAIT,
+    peer,
+    peer_at,
+    resume_fields,
+    running,
+    script_server,
+    settings_for,
+)
+
+TOOLS = """
+tools:
+  - name: hold
+    description: A plain handler that notes its run, then holds its worker thread until
+      let_go releases it.
+    capability: t.crash
+    timeout: 0
+    handler: tests.gateway.test_j6_crash_unstarted:hold
+  - name: die_at_start
+    description: A plain handler that notes its run, then kills its own process with
+      SIGKILL before anything else (no commit can run between its start and the kill).
+    capability: t.crash
+    handler: tests.gateway.test_j6_crash_unstarted:die_at_start
+  - name: let_go
+    description: Releases the hold of the call named by call_id.
+    capability: t.crash
+    handler: tests.gateway.test_j6_crash_unstarted:let_go
+    parameters:
+      type: object
+      properties:
+        call_id: {type: string}
+      required: [call_id]
+"""
+PROFILES = "profiles:\n  demo:\n    capabilities: [t.crash]\n"
+
+RESTARTED = "the server restarted while this call ran"
+UNSTARTED = "the server restarted before this call started; it did not run"
+"""The wire texts a restart answers (SPEC J6): the call's handler had started, or not."""
+
+_HOLDS: dict[str, threading.Event] = {}
+"""The server process's holds, by call id (``let_go`` sets one)."""
+
+
+def _hold(call_id: str) -> threading.Event:
+    return _HOLDS.setdefault(call_id, threading.Event())
+
+
+def _note(ctx: ToolContext) -> None:
+    folder = Path(ctx.data_dir)
+    folder.mkdir(parents=True, exist_ok=True)  # a PostgreSQL store makes none
+    with (folder / "runs.txt").open("a") as f:
+        f.write(ctx.call_id + "\n")
+
+
+def hold(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+    _note(ctx)
+    _hold(ctx.call_id).wait(WAIT * 6)
+    return {"held": ctx.call_id}
+
+
+def die_at_start(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+    _note(ctx)
+    os.kill(os.getpid(), signal.SIGKILL)
+    return {"survived": ctx.call_id}
+
+
+async def let_go(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+    _hold(params["call_id"]).set()
+    return {"released": params["call_id"]}
+
+
+def crash_settings(tmp: Path) -> Any:
+    """The same settings for the killed server and the next one: one worker thread for
+    calls (a call waits while another holds it, up to a minute), data in ``tmp``; the
+    store is SQLite, or PostgreSQL when ``TOOLBUS_STORE__URL`` says so."""
+    return settings_for(
+        tmp,
+        catalog={
+            "tools": [_written(tmp / "tools.yaml", TOOLS)],
+            "profiles": [_written(tmp / "profiles.yaml", PROFILES)],
+            "hot_reload": False,
+        },
+        calls={
+            "worker_threads": 1,
+            "threads_per_session": 1,
+            "threads_per_user": 1,
+            "thread_wait": WAIT * 6,
+            "default_timeout": 0,
+        },
+    )
+
+
+def _written(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+# A server in its own process, so that it can be killed without any chance to clean up.
+SERVER_SCRIPT = """
+import asyncio, sys
+from pathlib import Path
+from gateway.server import Gateway
+from tests.gateway.test_j6_crash_unstarted import crash_settings
+
+async def main():
+    gateway = Gateway(crash_settings(Path(sys.argv[1])))
+    await gateway.start()
+    print(gateway.port, flush=True)
+    await asyncio.Event().wait()
+
+asyncio.run(main())
+"""
+
+
+def runs(data_dir: Path) -> list[str]:
+    """The call id of every handler run, in order, over both servers."""
+    path = data_dir / "runs.txt"
+    return path.read_text().splitlines() if path.exists() else []
+
+
+class DurableLedger:
+    """alice's ledger row of a call id as a restart would find it (SPEC I15): in the
+    PostgreSQL table, or in the SQLite file and the writes its journal holds (the
+    journal's are newer: the next open writes them first)."""
+
+    def __init__(self, data_dir: Path, backend: str) -> None:
+        self._db = data_dir / "toolbus.db"
+        self._pg = None if backend == "sqlite" else psycopg.connect(backend, autocommit=True)
+
+    def row(self, call_id: str) -> tuple[str, bytes | None] | None:
+        """``(state, outcome)`` of the row, or ``None`` when nothing durable has it."""
+        if self._pg is not None:
+            found = self._pg.execute(
+                "SELECT state, outcome FROM call_ledger WHERE call_id=%s", (cid(call_id),)
+            ).fetchone()
+            return None if found is None else (found[0], found[1] and bytes(found[1]))
+        journaled = [
+            (write[6], None if write[7] is None else write[7].encode())
+            for write in self._journaled()
+            if write[0] == "l" and write[3] == call_id
+        ]
+        if journaled:
+            return journaled[-1]
+        if not self._db.exists():
+            return None
+        with sqlite3.connect(self._db) as conn:
+            found = conn.execute(
+                "SELECT state, outcome FROM call_ledger WHERE call_id=?", (call_id,)
+            ).fetchone()
+        conn.close()
+        return None if found is None else (found[0], found[1])
+
+    def _journaled(self) -> list[list[Any]]:
+        journal = Path(str(self._db) + SUFFIX)
+        lines = journal.read_bytes().split(b"\n") if journal.exists() else []
+        entries = []
+        for line in lines:
+            try:
+                entries.append(orjson.loads(line))
+            except orjson.JSONDecodeError:
+                continue  # empty, or an entry being appended right now
+        return [w for entry in entries if isinstance(entry, dict) for w in entry["writes"]]
+
+    def unstarted(self, call_id: str) -> bool:
+        """Whether the durable row says the call's handler has not started (SPEC J6)."""
+        row = self.row(call_id)
+        if row is None or row[0] != "running" or row[1] is None:
+            return False
+        outcome = orjson.loads(row[1])
+        return bool(outcome["message"] == UNSTARTED)
+
+    def close(self) -> None:
+        if self._pg is not None:
+            self._pg.close()
+
+
+def _error(message: dict[str, Any]) -> tuple[str, str, str]:
+    return message["type"], message.get("code", ""), message.get("message", "")
+
+
+async def test_j6_a_call_waiting_for_a_thread_at_a_crash_says_it_did_not_run(
+    tmp_path: Path,
+    store_backend: str,  # noqa: F811
+) -> None:
+    """SPEC J6, I12, I15, D3: `h1` holds the one worker thread and `c1` waits for it
+    when the server is SIGKILLed. After the restart the resumed session gets, for `c1`,
+    ``call.error`` ``unavailable`` "the server restarted before this call started; it
+    did not run" (not the restart's ``cancelled`` "while this call ran"), and for `h1`,
+    whose handler did start, that ``cancelled``; a re-send of each from a new session of
+    the principal gets the same answer; neither runs again, and `c1` never ran."""
+    settings = crash_settings(tmp_path)
+    ledger = DurableLedger(settings.data_dir, store_backend)
+    try:
+        async with (
+            script_server(SERVER_SCRIPT, str(tmp_path)) as first,
+            peer_at(f"ws://127.0.0.1:{first.port}/") as p,
+        ):
+            await p.invoke("h1", "hold", {})
+            await until(lambda: runs(settings.data_dir) == ["h1"], "h1 to hold the one thread")
+            await p.invoke("c1", "hold", {})
+            start = await p.expect("tool_start", call_id="c1")  # gates passed; waits
+            await until(lambda: ledger.unstarted("c1"), "c1's wait recorded durably")
+            await first.crash()
+        assert first.proc.returncode == -9
+    finally:
+        ledger.close()
+    assert runs(settings.data_dir) == ["h1"]
+    async with running(settings) as gw:
+        async with peer(gw, **resume_fields(p, start["seq"])) as again:
+            assert again.welcome["resumed"] is True
+            ends = {m["call_id"]: m for m in [await again.terminal(c) for c in ("h1", "c1")]}
+        assert _error(ends["c1"]) == ("call.error", ErrorCode.UNAVAILABLE, UNSTARTED)
+        assert _error(ends["h1"]) == ("call.error", ErrorCode.CANCELLED, RESTARTED)
+        async with peer(gw) as other:
+            for call_id in ("c1", "h1"):
+                await other.invoke(call_id, "hold", {})
+                answer = await other.terminal(call_id)
+                assert _error(answer) == _error(ends[call_id]), answer
+    assert runs(settings.data_dir) == ["h1"]
+
+
+async def test_j6_a_call_that_waited_then_started_is_reported_cut_off_while_it_ran(
+    tmp_path: Path,
+    store_backend: str,  # noqa: F811
+) -> None:
+    """SPEC J6, I15: `c1` waits for the thread `h1` holds (recorded as not started),
+    then `h1` is let go; `c1` gets the thread and its handler kills the server at its
+    very start. The handler ran, so the record that it started was durable before it
+    did: after the restart `c1` answers ``cancelled`` "the server restarted while this
+    call ran", to the resumed session and to a re-send, and it does not run again."""
+    settings = crash_settings(tmp_path)
+    ledger = DurableLedger(settings.data_dir, store_backend)
+    try:
+        async with (
+            script_server(SERVER_SCRIPT, str(tmp_path)) as first,
+            peer_at(f"ws://127.0.0.1:{first.port}/") as p,
+        ):
+            await p.invoke("h1", "hold", {})
+            await until(lambda: runs(settings.data_dir) == ["h1"], "h1 to hold the one thread")
+            await p.invoke("c1", "die_at_start", {})
+            start = await p.expect("tool_start", call_id="c1")
+            await until(lambda: ledger.unstarted("c1"), "c1's wait recorded durably")
+            await p.invoke("r1", "let_go", {"call_id": "h1"})
+            async with asyncio.timeout(WAIT):
+                await first.proc.wait()  # c1's handler killed it
+        assert first.proc.returncode == -9
+    finally:
+        ledger.close()
+    assert runs(settings.data_dir) == ["h1", "c1"]
+    async with running(settings) as gw:
+        async with peer(gw, **resume_fields(p, start["seq"])) as again:
+            assert again.welcome["resumed"] is True
+            answer = await again.terminal("c1")
+        assert _error(answer) == ("call.error", ErrorCode.CANCELLED, RESTARTED)
+        async with peer(gw) as other:
+            await other.invoke("c1", "die_at_start", {})
+            assert _error(await other.terminal("c1")) == _error(answer)
+    assert runs(settings.data_dir) == ["h1", "c1"]
