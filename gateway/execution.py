@@ -10,7 +10,6 @@ follow. Every path ends through :class:`~gateway.call_end.CallEnd`.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -220,19 +219,30 @@ class Execution:
         # thread is bounded by calls.thread_wait (then ``busy``, never started). SPEC
         # I8, J6: executing only once its handler starts; a wait is recorded (CallStart).
         start = CallStart(call, self.ledger)
-        run = functools.partial(
-            run_handler, ctx=ctx, lane=self.pool, limit=limit, wait=self.calls.thread_wait
-        )
+        lane, wait = self.pool, self.calls.thread_wait
         try:
             if tool.promote_after is None:
                 # Awaited in this task: a handler that answers at once costs no extra
                 # loop turn, so tool_start and result share one commit (SPEC D1).
-                value = await run(tool.func, call.params, on_start=start, waiter=start)
+                value = await run_handler(
+                    tool.func,
+                    call.params,
+                    ctx,
+                    lane,
+                    limit,
+                    wait=wait,
+                    on_start=start,
+                    waiter=start,
+                )
             else:
                 # SPEC I14, J5: the handler gets its own copy of the arguments; the job
                 # a promotion creates stores the ones the call was given.
                 own = decode_json(encode_json(call.params))
-                work = asyncio.ensure_future(run(tool.func, own, on_start=start, waiter=start))
+                work = asyncio.ensure_future(
+                    run_handler(
+                        tool.func, own, ctx, lane, limit, wait=wait, on_start=start, waiter=start
+                    )
+                )
                 try:
                     done, _ = await asyncio.wait({work}, timeout=tool.promote_after)
                 except asyncio.CancelledError:
