@@ -24,7 +24,9 @@ from websockets.exceptions import ConnectionClosed
 from gateway.auth import Identity, hash_token, version_of
 from gateway.context import ToolContext
 from gateway.server import Gateway
+from tests.gateway import edge_tools as et
 from tests.gateway import tools_for_tests as tt
+from tests.gateway.thread_tools import RUNS
 from tests.support import (
     JWT_SECRET,
     MS,
@@ -595,3 +597,34 @@ async def test_s6_sweep_reauthenticates_only_after_the_token_file_changed(tmp_pa
         write_yaml(token_file, yaml.safe_load(token_file.read_text()))
         assert await gw.authority.sweep([session]) == 0
         assert seen == ["alice-token", "alice-token"]
+
+
+# -- S6, A7: a token removed from the token file, the handler starts before the sweep -
+
+
+async def test_a7_allow_right_after_the_token_is_revoked_does_not_run(tmp_path: Path) -> None:
+    """SPEC S6, A7: bob's gated call waits for approval; bob's token is removed from the
+    token file (a fresh `hello` with it is refused at once: the server sees the file).
+    The allow that follows must end the call ``credential_revoked``: the A7 re-check
+    "on the state at that moment". It runs the tool: the re-check only reads a flag the
+    periodic sweep (``auth.recheck_interval``, 1 s by default; 30 s here to make the
+    window plain) sets later."""
+    et.reset()
+    settings = et.settings(tmp_path, auth={"recheck_interval": 30.0})
+    tokens = tmp_path / "tokens.yaml"
+    async with running(settings) as gw, peer(gw, token="bob-token") as p:
+        await p.invoke("c1", "gated_quick", {})
+        approval_id = (await p.expect("tool_start", call_id="c1"))["approval_id"]
+        kept = [e for e in yaml.safe_load(tokens.read_text())["tokens"] if e["user"] != "bob"]
+        tokens.write_text(yaml.safe_dump({"tokens": kept}))
+        later = time.time() + 5
+        os.utime(tokens, (later, later))
+        async with peer(gw, hello=False) as fresh:
+            await fresh.send({"type": "hello", "token": "bob-token", "profile": "demo"})
+            assert (await fresh.expect("error"))["code"] == "auth_failed"
+        await p.send(
+            {"type": "tool.confirm", "id": "k", "approval_id": approval_id, "decision": "allow"}
+        )
+        answer = await p.terminal("c1")
+        assert RUNS == [], f"the tool ran on a revoked token: {answer}"
+        assert answer.get("code") == "credential_revoked", answer

@@ -25,8 +25,11 @@ from gateway.server import Gateway
 from gateway.store import LedgerRow, SqliteStore, StoreUnavailable
 from protocol import messages as m
 from protocol.errors import ErrorCode
+from tests.gateway import edge_tools as et
 from tests.gateway import ledger_tools as lt
-from tests.support import WAIT, Peer, peer, running, script_server, settings_for
+from tests.gateway.thread_tools import HOG_RELEASE, HOG_STARTED, RUNS, wait_thread
+from tests.pg_support import pg_url  # noqa: F401 (fixture)
+from tests.support import WAIT, Clock, Peer, barrier, peer, running, script_server, settings_for
 from toolbus.script import run_file
 
 CHARGE = {"amount": 100}
@@ -393,3 +396,115 @@ class FailingCommits:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
+
+
+# -- I15, N3: the same call id from the principal's session on another node ------------
+
+
+async def test_i15_resend_on_another_node_while_the_call_runs_gets_its_terminal(
+    tmp_path: Path,
+    pg_url: str,  # noqa: F811
+) -> None:
+    """SPEC I15, N3: two nodes on one PostgreSQL store. Session 1 (node A) runs `c1`;
+    the principal's session 2 (node B; e.g. its resume failed and the load balancer
+    picked B) re-sends `c1` unchanged. It is attached, as on one node: no refusal, and
+    once `c1` ends on A, session 2 gets its one terminal event, with A's result.
+    Before, B refused `duplicate_call` (which the Python client ignores:
+    "the terminal event follows", docs/client.md) and nothing followed."""
+    et.reset()
+    folders = [tmp_path / "a", tmp_path / "b"]
+    for folder in folders:
+        folder.mkdir()
+    settings = [
+        et.settings(f, store={"url": pg_url}, nodes={"node_id": f"n-{f.name}"}) for f in folders
+    ]
+    async with (
+        running(settings[0]) as a,
+        running(settings[1]) as b,
+        peer(a) as on_a,
+        peer(b) as on_b,
+    ):
+        try:
+            await on_a.invoke("c1", "hog", {})
+            await wait_thread(HOG_STARTED)
+            await on_b.invoke("c1", "hog", {})
+            await barrier(on_b)
+        finally:
+            HOG_RELEASE.set()
+        first = await on_a.terminal("c1")
+        answer = await on_b.terminal("c1")
+        assert (first["type"], first["result"]) == ("result", {"hog": True})
+        assert (answer["type"], answer["call_id"], answer["result"]) == (
+            "result",
+            "c1",
+            {"hog": True},
+        )
+        assert [m for m in on_b.seen if m["type"] == "error"] == []
+        await barrier(on_b)
+        assert [m["type"] for m in on_b.seen if m.get("call_id") == "c1"] == ["result"]
+
+
+# -- I12, I15: a session's own record outlives the ledger's window --------------------
+
+
+async def test_i15_other_tool_same_call_id_after_the_ledger_purge_is_not_the_old_result(
+    tmp_path: Path,
+) -> None:
+    """SPEC I15, I12: `c1` ran `quick`. The gateway's clock passes
+    ``calls.call_id_window`` and the ledger purges `c1`: the id is new again. The same
+    session then sends `c1` for another tool (`async_quick`): it runs, as a new call.
+    Before, the session's own record answered with `quick`'s old result, as if it were
+    the `async_quick` call's outcome."""
+    et.reset()
+    clock = Clock()
+    gw = Gateway(et.settings(tmp_path, calls={"call_id_window": 60.0}), clock=clock)
+    await gw.start()
+    try:
+        async with peer(gw) as p:
+            await p.invoke("c1", "quick", {})
+            assert (await p.terminal("c1"))["tool"] == "quick"
+            clock.ahead = 61.0
+            gw.outbox.flush()
+            gw.pipeline.ledger.purge()
+            assert gw.store.ledger("", "alice", "c1") is None
+            await p.invoke("c1", "async_quick", {})
+            answer = await p.terminal("c1")
+            assert (answer["type"], answer["tool"], answer["result"]) == (
+                "result",
+                "async_quick",
+                {"ran": "c1"},
+            )
+            assert RUNS == ["c1", "c1"]
+    finally:
+        await gw.drain()
+
+
+# -- I12, I15, D6: call ids with odd characters (checked: holds) -----------------------
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+async def test_i12_call_ids_with_nul_are_keys_like_any_other(
+    tmp_path: Path,
+    backend: str,
+    pg_url: str,  # noqa: F811
+) -> None:
+    """SPEC I12, I15, D6 (holds): a call id holding U+0000, and one of 128 characters
+    of 4 UTF-8 bytes each, run once, a re-send from another session of the principal
+    gets the recorded outcome, and the store keeps serving every session."""
+    et.reset()
+    store = {"url": pg_url} if backend == "postgresql" else {}
+    settings = et.settings(tmp_path, store=store)
+    odd = ["a\x00b", "\U0001f600" * 128]
+    async with running(settings) as gw:
+        async with peer(gw) as p:
+            for call_id in odd:
+                await p.invoke(call_id, "quick", {})
+                assert (await p.terminal(call_id))["type"] == "result"
+        async with peer(gw) as q:
+            for call_id in odd:
+                await q.invoke(call_id, "quick", {})
+                assert (await q.terminal(call_id))["result"] == {"ran": call_id}
+            await q.invoke("n1", "quick", {})
+            assert (await q.terminal("n1"))["type"] == "result"
+        assert RUNS.count(odd[0]) == 1
+        assert RUNS.count(odd[1]) == 1

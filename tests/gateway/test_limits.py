@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from pathlib import Path
+from typing import Any
 
+import orjson
 import pytest
 from websockets.exceptions import ConnectionClosed
 
 from gateway.server import Gateway
-from tests.support import CONVERT, Peer, closed, peer, running, settings_for
+from tests.gateway import edge_tools as et
+from tests.support import CONVERT, WAIT, Peer, closed, peer, running, settings_for
 
 
 async def still_serves(p: Peer, call_id: str) -> None:
@@ -282,3 +286,89 @@ async def test_too_many_pending_approvals(tmp_path: Path) -> None:
         refused = await p.terminal("a2")
         assert refused["type"] == "call.error"
         assert refused["code"] == "too_many_pending_approvals"
+
+
+# -- E2, M3: a mounted MCP server's question is a frame like any other ----------------
+
+
+async def test_e2_elicit_request_frame_fits_max_message_bytes(tmp_path: Path) -> None:
+    """SPEC E2, M3: ``max_message_bytes`` 2048. The mounted `asker` server
+    (tests/mcp/elicit_server.py) asks a question that quotes its ``topic`` argument; a
+    topic of 1,500 characters fits the call's params, but the question's
+    ``elicit.request`` would be larger than the announced limit. It is never sent: the
+    MCP server is answered ``cancel`` (its tool then answers "cancel"), and every frame
+    the client gets fits. Before, the oversized frame was sent."""
+    from tests.mcp.support import asker_mount, mcp_settings
+
+    server = {"port": 0, "heartbeat_interval": 0, "max_message_bytes": 2048}
+    settings = mcp_settings(tmp_path, [asker_mount()], server=server)
+    async with running(settings) as gw, peer(gw) as p:
+        limit = p.welcome["limits"]["max_message_bytes"]
+        assert limit == 2048
+        async with asyncio.timeout(WAIT):
+            while not any(
+                m["type"] == "catalog" and any(t["name"] == "asker_ask" for t in m["tools"])
+                for m in p.seen
+            ):
+                await p.recv()
+        await p.invoke("e1", "asker_ask", {"topic": "x" * 1500})
+        frames: list[tuple[dict[str, Any], int]] = []
+        async with asyncio.timeout(WAIT):
+            while (
+                not frames
+                or frames[-1][0].get("call_id") != "e1"
+                or frames[-1][0]["type"] not in ("result", "call.error")
+            ):
+                raw = await p.ws.recv()
+                frames.append(
+                    (orjson.loads(raw), len(raw.encode() if isinstance(raw, str) else raw))
+                )
+        assert [f["type"] for f, _ in frames if f["type"] == "elicit.request"] == []
+        assert max(size for _, size in frames) <= limit
+        assert frames[-1][0]["result"]["text"] == "cancel"
+
+
+# -- E2: job.done is sized with seq 1 -------------------------------------------------
+
+
+async def test_e2_job_done_frame_fits_max_message_bytes_at_any_seq(tmp_path: Path) -> None:
+    """SPEC E2: a job.done is checked against ``max_message_bytes`` "whole, where the
+    job runner encodes it" (gateway/framesize.py), but it is sized with ``seq: 1``
+    (`_done_fields`); the frame sent carries the session's real seq. Past seq 99 a
+    result sized within 2 bytes of the limit leaves in a frame 1-2 bytes larger than
+    the limit the server announced."""
+    et.reset()
+    limit = 4096
+    settings = et.settings(
+        tmp_path,
+        server={"port": 0, "heartbeat_interval": 0, "max_message_bytes": limit},
+        limits={"invoke_rate": 10000.0, "invoke_burst": 10000},
+    )
+    async with running(settings) as gw, peer(gw) as p:
+        for n in range(60):  # the session's seq past 100
+            await p.invoke(f"q{n}", "async_quick", {})
+            await p.terminal(f"q{n}")
+
+        async def job_frame(call_id: str, n: int) -> tuple[str, int]:
+            await p.invoke(call_id, "pad_job", {"n": n})
+            job_id = (await p.terminal(call_id))["job_id"]
+            async with asyncio.timeout(WAIT):
+                while True:
+                    raw = await p.ws.recv()
+                    frame = orjson.loads(raw)
+                    if frame.get("job_id") == job_id and frame["type"] in (
+                        "job.done",
+                        "job.failed",
+                    ):
+                        return frame["type"], len(raw.encode() if isinstance(raw, str) else raw)
+
+        kind, probe = await job_frame("probe", 10)
+        assert kind == "job.done"
+        target = limit - probe + 10
+        sent = []
+        for n in range(target - 40, target + 8):
+            kind, size = await job_frame(f"p{n}", n)
+            if kind == "job.done":
+                sent.append(size)
+        assert sent, "no job.done near the limit was sent"
+        assert max(sent) <= limit, (limit, sorted(sent)[-4:])

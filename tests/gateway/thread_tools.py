@@ -1,6 +1,6 @@
 """Handlers that hold a worker thread or record their runs, for the tests of calls that
 wait for a thread (SPEC J6, I8, I14, E2; ``tests/gateway/test_j6_unstarted.py``,
-``tests/gateway/test_review_edges.py``). ``hog`` holds its thread until
+and the other users of ``tests/gateway/edge_tools.py``). ``hog`` holds its thread until
 :data:`HOG_RELEASE` is set; ``mark`` and ``amark`` record each run in :data:`RUNS`, so
 no test sleeps to order events."""
 

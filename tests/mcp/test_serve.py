@@ -308,3 +308,29 @@ async def test_catalog_change_sends_list_changed(tmp_path: Path) -> None:
         after = {t.name for t in (await client.list_tools()).tools}
     assert isinstance(event, ToolsListChanged)
     assert before - after == {"convert_units"}
+
+
+# -- M4, E1, F33: /mcp tools/call with a name the wire model refuses -----------------
+
+
+async def test_m4_mcp_call_of_a_long_tool_name_is_unknown_tool_and_keeps_nothing(
+    tmp_path: Path,
+) -> None:
+    """SPEC M4 ("through the same pipeline"), I1, E1, F33: a ``tools/call`` whose name
+    has 200 characters (MCP sets no bound) must end like any unknown tool
+    (``unknown_tool: ...``) and keep nothing. `_call_tool` registers the call's waiter
+    queue, then builds the ``invoke`` (tool names are at most 128 characters): the
+    ``ValidationError`` escapes before the ``try``, the MCP client gets an internal
+    error, and the waiter is never removed."""
+    from tests.mcp.test_serve import _text, _waiting, mcp_client
+
+    async with running(settings_for(tmp_path)) as gw:
+        async with asyncio.timeout(WAIT), mcp_client(gw, "bob-token") as client:
+            try:
+                answer = await client.call_tool("t" * 200, {})
+                text = _text(answer) if answer.is_error else "not an error"
+            except Exception as exc:  # the SDK raises on a JSON-RPC error
+                text = f"raised {type(exc).__name__}: {exc}"
+        leaked = _waiting(gw)
+    assert leaked == (0, 0), (leaked, text)
+    assert text.startswith("unknown_tool: "), text
