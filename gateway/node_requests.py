@@ -28,6 +28,7 @@ from gateway.pg_fence import CHANNEL
 from gateway.pipeline import Pipeline
 from gateway.store import StoreUnavailable
 from gateway.store_pg import PgStore
+from gateway.store_pg_batch import text_of, utf8
 from protocol.codec import decode_json, encode_json
 from protocol.messages import Decision, ElicitAction, NotAcceptedReason
 
@@ -100,7 +101,7 @@ class NodeRequests:
         rows = self._store.link.read(
             "SELECT 1 FROM calls WHERE session_id=%s AND state='running' AND "
             "(call_id=%s OR position(%s::bytea in body) > 0) LIMIT 1",
-            (session_id, (call_id or "").encode("utf-8", "surrogatepass"), named),
+            (session_id, utf8(call_id or ""), named),
         )
         return bool(rows)
 
@@ -171,6 +172,8 @@ class NodeRequests:
         self, kind: Kind, session_id: str, user: str, target: str, decision: str | None = None
     ) -> None:
         """Store a request for whichever node holds ``target`` and notify every node.
+        ``target`` (a call id the client sent, an approval, question or job id) is kept
+        as UTF-8 ``BYTEA``: a call id may hold U+0000 (SPEC D6; schema version 4).
 
         Raises:
             StoreUnavailable: it could not be stored; nothing was sent.
@@ -179,7 +182,7 @@ class NodeRequests:
             "WITH r AS (INSERT INTO node_requests "
             '(kind, session_id, "user", target, decision, created_at) '
             "VALUES (%s,%s,%s,%s,%s,%s) RETURNING id) SELECT pg_notify(%s, 'requests *') FROM r",
-            (str(kind), session_id, user, target, decision, time.time(), CHANNEL),
+            (str(kind), session_id, user, utf8(target), decision, time.time(), CHANNEL),
         )
 
     def sweep(self) -> None:
@@ -192,7 +195,8 @@ class NodeRequests:
                 'SELECT id, kind, session_id, "user", target, decision FROM node_requests '
                 "ORDER BY id"
             )
-            for row_id, kind, session_id, user, target, decision in rows:
+            for row_id, kind, session_id, user, stored, decision in rows:
+                target = text_of(stored)
                 if self._holds(Kind(kind), session_id, target) and self._claim(row_id):
                     self._apply(Kind(kind), session_id, user, target, decision)
         except StoreUnavailable as exc:

@@ -8,16 +8,27 @@ several nodes starting at once migrate once), it reads the versions applied so f
 (:class:`SchemaTooNew`, one line naming the versions), and applies the missing ones in
 order, each in the same transaction as its row in ``toolbus_schema``.
 
+A version that changes columns nodes of an older toolbus still write (:data:`DRAIN_FIRST`:
+version 4, ``TEXT`` to ``BYTEA``, SPEC D6) is applied only while no other node holds a
+live lease in ``nodes``: a rolling restart across it (SPEC N6) drains and stops every
+older node first, and a start that finds one running is refused with one line
+(:class:`OlderNodesRunning`, SPEC N1, O5) after waiting, at most :data:`LEASE_WAIT_S`,
+for the leases of nodes just stopped to run out.
+
 Versions are never edited once released: a change is a new entry at the end.
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Any
 
 import psycopg
 
 from gateway.store import StoreError
+
+logger = logging.getLogger("gateway.pg_schema")
 
 MIGRATIONS: tuple[tuple[int, str], ...] = (
     (
@@ -88,16 +99,50 @@ MIGRATIONS: tuple[tuple[int, str], ...] = (
         );
         """,
     ),
+    # SPEC D6, N1: text a client or a handler chooses becomes UTF-8 BYTEA, as call ids
+    # were from version 1: a job's call id (an async or promoted call's) and summary (a
+    # handler's, or the text of its failure), the tool name a ledger entry records (an
+    # invoke's, known or not), the call id a routed cancel names. Nodes of an older
+    # toolbus must be stopped first (DRAIN_FIRST).
+    (
+        4,
+        """
+        ALTER TABLE jobs
+            ALTER COLUMN call_id TYPE BYTEA USING convert_to(call_id, 'UTF8'),
+            ALTER COLUMN summary TYPE BYTEA USING convert_to(summary, 'UTF8');
+        ALTER TABLE call_ledger ALTER COLUMN tool TYPE BYTEA USING convert_to(tool, 'UTF8');
+        ALTER TABLE node_requests
+            ALTER COLUMN target TYPE BYTEA USING convert_to(target, 'UTF8');
+        """,
+    ),
 )
-"""``(version, sql)`` in order. ``call_id`` columns are ``BYTEA`` (UTF-8): a client's call
-id may hold U+0000, which PostgreSQL ``TEXT`` cannot store (SPEC D6: a value that binds
-in SQLite must bind here too)."""
+"""``(version, sql)`` in order. Text a client or a handler chooses is UTF-8 ``BYTEA``:
+``calls.call_id`` and ``call_ledger.call_id`` from version 1, ``jobs.call_id``,
+``jobs.summary``, ``call_ledger.tool`` and ``node_requests.target`` from version 4. Such
+text may hold U+0000, which PostgreSQL ``TEXT`` cannot store (SPEC D6: a value that binds
+in SQLite must bind here too). ``TEXT`` columns hold what the server mints (session and
+job ids, hashes, states, node ids, JSON it encoded), tool names of the catalog
+(``[A-Za-z0-9_-]``), and names from credentials and configuration (user, tenant,
+profile); ``PgStore`` refuses, when it is staged, a value such a column cannot bind."""
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 """The newest version this code knows."""
 
 MIGRATION_WAIT_S = 60
 """Seconds a start may wait for another node's migration, or take for its own (SPEC N1)."""
+
+DRAIN_FIRST = frozenset({4})
+"""Versions that nodes of an older toolbus cannot run alongside (SPEC N1, N6, O5): they
+change the type of columns those nodes still write and read (version 4: ``TEXT`` to
+``BYTEA``; PostgreSQL would even take much of an old node's text into ``BYTEA``, and
+hand it back as bytes). Such a version is applied only while no other node holds a live
+lease (:class:`OlderNodesRunning`)."""
+
+LEASE_WAIT_S = 30.0
+"""Seconds at most a start waits, before a :data:`DRAIN_FIRST` migration, for the live
+leases it finds to run out: a node just stopped (or killed) keeps its lease until its
+``nodes.lease_ttl`` has passed, a running node renews its own. Longer leases, and leases
+renewed meanwhile, stop the start."""
 
 _LOCK_KEY = 0x746F6F6C627573  # "toolbus": one migration at a time across nodes
 _TABLE = (
@@ -109,6 +154,13 @@ _TABLE = (
 class SchemaTooNew(StoreError):
     """The database was migrated by a newer toolbus (SPEC N1, O5): this code refuses to
     start rather than write rows a newer schema does not expect."""
+
+
+class OlderNodesRunning(StoreError):
+    """A :data:`DRAIN_FIRST` migration is due while other nodes hold live leases: nodes of
+    an older toolbus that would write rows the new schema does not expect (SPEC N1, N6,
+    O5). Nothing was migrated; the message (one line) names the nodes and says to drain
+    and stop them, then start again."""
 
 
 def migrate(db: psycopg.Connection[tuple[Any, ...]], where: str) -> list[int]:
@@ -123,6 +175,9 @@ def migrate(db: psycopg.Connection[tuple[Any, ...]], where: str) -> list[int]:
 
     Raises:
         SchemaTooNew: the database holds a version newer than :data:`SCHEMA_VERSION`.
+        OlderNodesRunning: a :data:`DRAIN_FIRST` version is due and other nodes still
+            hold live leases (after waiting up to :data:`LEASE_WAIT_S` for them to run
+            out); nothing was applied.
         psycopg.Error: the database refused a statement.
     """
     applied: list[int] = []
@@ -144,7 +199,53 @@ def migrate(db: psycopg.Connection[tuple[Any, ...]], where: str) -> list[int]:
         for version, sql in MIGRATIONS:
             if version <= current:
                 continue
+            if version in DRAIN_FIRST and current >= _NODES_SINCE:
+                _refuse_live_nodes(db, where, version)
             db.execute(sql.encode())
             db.execute("INSERT INTO toolbus_schema (version) VALUES (%s)", (version,))
             applied.append(version)
     return applied
+
+
+_NODES_SINCE = 3
+"""The version that created the ``nodes`` table: before it, no node kept a lease."""
+
+
+def _leases(db: psycopg.Connection[tuple[Any, ...]]) -> list[tuple[str, float]]:
+    """Live leases, ``(node_id, seconds left)``, on the database's clock (SPEC N4)."""
+    rows = db.execute(
+        "SELECT node_id, lease_until - extract(epoch FROM clock_timestamp()) FROM nodes "
+        "WHERE lease_until > extract(epoch FROM clock_timestamp()) ORDER BY node_id"
+    ).fetchall()
+    return [(str(node), float(left)) for node, left in rows]
+
+
+def _refuse_live_nodes(db: psycopg.Connection[tuple[Any, ...]], where: str, version: int) -> None:
+    """Inside the migration's transaction, under its lock: raise
+    :class:`OlderNodesRunning` unless no node holds a live lease (SPEC N1, N6, O5).
+
+    This process has no lease yet (a node registers after its store opens), so every
+    live lease is another process's, of an older toolbus (a node of this one would have
+    migrated already). Leases that run out within :data:`LEASE_WAIT_S` (nodes just
+    stopped) are waited for, once; a lease still live after that is a running node.
+    """
+    live = _leases(db)
+    if live and max(left for _, left in live) <= LEASE_WAIT_S:
+        wait = max(left for _, left in live) + 0.05
+        logger.info(
+            "store %s: waiting %.1f s for the leases of nodes %s to run out before "
+            "migrating to schema version %d",
+            where,
+            wait,
+            ", ".join(node for node, _ in live),
+            version,
+        )
+        time.sleep(wait)
+        live = _leases(db)
+    if live:
+        names = ", ".join(node for node, _ in live)
+        raise OlderNodesRunning(
+            f"store {where}: schema version {version} needs every node of an older "
+            f"toolbus stopped, and nodes {names} hold live leases; drain and stop them, "
+            f"then start this toolbus again"
+        )

@@ -27,17 +27,18 @@ import psycopg
 from gateway.pg_fence import Fence, TakeOver
 from gateway.pg_link import PgLink
 from gateway.store import CommitsOnly, StoreUnavailable
-from gateway.store_pg_batch import JOB_COLS, LEDGER_COLS, SESSION_COLS, PgBatch, cid
-from gateway.store_rows import (
-    BadValue,
-    JobRow,
-    LedgerRow,
-    SessionRow,
-    job_row,
-    job_values,
-    session_row,
-    session_values,
+from gateway.store_pg_batch import (
+    JOB_COLS,
+    LEDGER_COLS,
+    SESSION_COLS,
+    PgBatch,
+    cid,
+    pg_job_row,
+    pg_job_values,
+    pg_ledger_row,
+    text_of,
 )
+from gateway.store_rows import BadValue, JobRow, LedgerRow, SessionRow, session_row, session_values
 
 logger = logging.getLogger("gateway.store_pg")
 
@@ -66,20 +67,6 @@ def _unstorable(key: str) -> bool:
     row has it. A lookup answers "none" then, like for any made-up id (SPEC A7, S1),
     instead of failing as if the store were down."""
     return "\x00" in key
-
-
-def _ledger_row(row: tuple[Any, ...]) -> LedgerRow:
-    tenant, user, call_id, tool, params_hash, state, outcome, created_at = row
-    return LedgerRow(
-        tenant,
-        user,
-        bytes(call_id).decode("utf-8", "surrogatepass"),
-        tool,
-        params_hash,
-        state,
-        None if outcome is None else bytes(outcome),
-        created_at,
-    )
 
 
 class PgStore(CommitsOnly):
@@ -130,11 +117,11 @@ class PgStore(CommitsOnly):
         self._batch.forget[(session_id, call_id)] = cid(call_id)
 
     def stage_job(self, row: JobRow) -> None:
-        values = _text_checked(job_values(row), f"job {row.job_id}")
+        values = _text_checked(pg_job_values(row), f"job {row.job_id}")
         self._batch.jobs[row.job_id] = (*values, self.fence.node_id if self.fence else None)
 
     def stage_ledger(self, row: LedgerRow) -> None:
-        _text_checked((row.tenant, row.user, row.tool, row.params_hash), "call ledger")
+        _text_checked((row.tenant, row.user, row.params_hash), "call ledger")
         self._batch.ledger[(row.tenant, row.user, row.call_id)] = row
 
     @property
@@ -256,22 +243,21 @@ class PgStore(CommitsOnly):
             "SELECT call_id FROM calls WHERE session_id=%s AND state='done' ORDER BY id",
             (session_id,),
         )
-        return [bytes(r[0]).decode("utf-8", "surrogatepass") for r in rows]
+        return [text_of(r[0]) for r in rows]
 
     def running_calls(self) -> list[tuple[str, str, bytes | None]]:
         rows = self.link.read(
             "SELECT session_id, call_id, body FROM calls WHERE state<>'done' ORDER BY id"
         )
         return [
-            (sid, bytes(cid).decode("utf-8", "surrogatepass"), None if b is None else bytes(b))
-            for sid, cid, b in rows
+            (sid, text_of(call_id), None if b is None else bytes(b)) for sid, call_id, b in rows
         ]
 
     def job(self, job_id: str) -> JobRow | None:
         if _unstorable(job_id):
             return None
         rows = self.link.read(f"SELECT {JOB_COLS} FROM jobs WHERE job_id=%s", (job_id,))
-        return job_row(rows[0]) if rows else None
+        return pg_job_row(rows[0]) if rows else None
 
     def jobs(self, user: str, tenant: str | None, state: str | None, limit: int) -> list[JobRow]:
         sql = (
@@ -283,11 +269,11 @@ class PgStore(CommitsOnly):
             args.append(state)
         sql += " ORDER BY created_at DESC, id DESC LIMIT %s"
         args.append(limit)
-        return [job_row(row) for row in self.link.read(sql, tuple(args))]
+        return [pg_job_row(row) for row in self.link.read(sql, tuple(args))]
 
     def unfinished_jobs(self) -> list[JobRow]:
         rows = self.link.read(f"SELECT {JOB_COLS} FROM jobs WHERE state IN ('queued', 'running')")
-        return [job_row(row) for row in rows]
+        return [pg_job_row(row) for row in rows]
 
     def purge(self, now: float, job_retention: float) -> None:
         rows = self.link.read(
@@ -317,11 +303,11 @@ class PgStore(CommitsOnly):
             f'SELECT {LEDGER_COLS} FROM call_ledger WHERE tenant=%s AND "user"=%s AND call_id=%s',
             (tenant, user, cid(call_id)),
         )
-        return _ledger_row(rows[0]) if rows else None
+        return pg_ledger_row(rows[0]) if rows else None
 
     def running_ledger(self) -> list[LedgerRow]:
         rows = self.link.read(f"SELECT {LEDGER_COLS} FROM call_ledger WHERE state='running'")
-        return [_ledger_row(row) for row in rows]
+        return [pg_ledger_row(row) for row in rows]
 
     def purge_ledger(self, before: float) -> None:
         self.link.execute("DELETE FROM call_ledger WHERE created_at<%s", (before,))
@@ -358,8 +344,7 @@ class PgNodeWork:
             (node,),
         )
         return [
-            (sid, bytes(cid).decode("utf-8", "surrogatepass"), None if b is None else bytes(b))
-            for sid, cid, b in rows
+            (sid, text_of(call_id), None if b is None else bytes(b)) for sid, call_id, b in rows
         ]
 
     def running_ledger_of(self, node: str) -> list[LedgerRow]:
@@ -368,7 +353,7 @@ class PgNodeWork:
             f"SELECT {LEDGER_COLS} FROM call_ledger WHERE state='running' AND node_id=%s",
             (node,),
         )
-        return [_ledger_row(row) for row in rows]
+        return [pg_ledger_row(row) for row in rows]
 
     def unfinished_jobs_of(self, node: str) -> list[JobRow]:
         """:meth:`PgStore.unfinished_jobs` that ``node`` ran."""
@@ -376,4 +361,4 @@ class PgNodeWork:
             f"SELECT {JOB_COLS} FROM jobs WHERE state IN ('queued', 'running') AND node_id=%s",
             (node,),
         )
-        return [job_row(row) for row in rows]
+        return [pg_job_row(row) for row in rows]

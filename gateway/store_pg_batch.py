@@ -10,12 +10,13 @@ Deletions (ended sessions, the purge) run last.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
 
-from gateway.store_rows import LedgerRow, anything_staged
+from gateway.store_rows import JobRow, LedgerRow, anything_staged, job_row, job_values
 
 SESSION_COLS = (
     'session_id, token_hash, "user", tenant, profile, context, options, grants, last_seq, '
@@ -65,18 +66,74 @@ _INSERT_CALL = (
 )
 
 
-def cid(call_id: str) -> bytes:
-    """A call id as the ``BYTEA`` it is stored as."""
+def utf8(text: str) -> bytes:
+    """Text a client or a handler chose (a call id, a tool name as invoked, a job's
+    summary) as the UTF-8 ``BYTEA`` it is stored as: ``TEXT`` cannot hold U+0000 (SPEC
+    D6; :data:`~gateway.pg_schema.MIGRATIONS`)."""
     # surrogatepass: any str the codec produced round-trips, whatever it holds.
-    return call_id.encode("utf-8", "surrogatepass")
+    return text.encode("utf-8", "surrogatepass")
+
+
+cid = utf8
+"""A call id as the ``BYTEA`` it is stored as (:func:`utf8`)."""
+
+
+def text_of(stored: bytes) -> str:
+    """A ``BYTEA`` column written by :func:`utf8` as the text it was."""
+    return bytes(stored).decode("utf-8", "surrogatepass")
+
+
+def _opt_utf8(text: str | None) -> bytes | None:
+    return None if text is None else utf8(text)
+
+
+_JOB_NAMES = [c.strip() for c in JOB_COLS.split(",")]
+_JOB_UTF8 = (_JOB_NAMES.index("call_id"), _JOB_NAMES.index("summary"))
+"""Positions of the ``jobs`` columns that are UTF-8 ``BYTEA`` (schema version 4)."""
+
+
+def pg_job_values(row: JobRow) -> tuple[Any, ...]:
+    """:func:`~gateway.store_rows.job_values` for PostgreSQL: ``call_id`` and ``summary``
+    as UTF-8 ``BYTEA`` (SPEC D6: a client's call id, a handler's summary or failure text
+    may hold U+0000)."""
+    values = list(job_values(row))
+    for i in _JOB_UTF8:
+        values[i] = _opt_utf8(values[i])
+    return tuple(values)
+
+
+def pg_job_row(fetched: Sequence[Any]) -> JobRow:
+    """A ``jobs`` row read as :data:`JOB_COLS` as a :class:`JobRow`: the shape
+    :func:`~gateway.store_rows.job_row` gives, its ``BYTEA`` text decoded."""
+    values = list(fetched)
+    for i in _JOB_UTF8:
+        if values[i] is not None:
+            values[i] = text_of(values[i])
+    return job_row(values)
+
+
+def pg_ledger_row(fetched: Sequence[Any]) -> LedgerRow:
+    """A ``call_ledger`` row read as :data:`LEDGER_COLS` as a :class:`LedgerRow`; its
+    call id and tool are UTF-8 ``BYTEA``."""
+    tenant, user, call_id, tool, params_hash, state, outcome, created_at = fetched
+    return LedgerRow(
+        tenant,
+        user,
+        text_of(call_id),
+        text_of(tool),
+        params_hash,
+        state,
+        None if outcome is None else bytes(outcome),
+        created_at,
+    )
 
 
 def _ledger_values(row: LedgerRow) -> tuple[Any, ...]:
     return (
         row.tenant,
         row.user,
-        cid(row.call_id),
-        row.tool,
+        utf8(row.call_id),
+        utf8(row.tool),
         row.params_hash,
         row.state,
         row.outcome,

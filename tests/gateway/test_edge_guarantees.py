@@ -20,9 +20,9 @@ from websockets.exceptions import ConnectionClosed
 
 from gateway.context import ToolContext
 from gateway.server import Gateway
+from gateway.store import BadValue, JobRow, SqliteStore, Store
 from tests.gateway.store_faults import LOCKER, first_commit_fails, until
-from tests.pg_support import pg_url  # noqa: F401 (fixture)
-from tests.support import WAIT, Peer, own_catalog, peer, running, settings_for
+from tests.support import WAIT, Peer, own_catalog, peer, settings_for
 
 TOOLS = """
 tools:
@@ -138,16 +138,33 @@ async def chatty_job(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]
 
 
 @asynccontextmanager
-async def serve(tmp: Path, **sections: Any) -> AsyncIterator[Gateway]:
+async def serve(
+    tmp: Path, own_store: Store | None = None, **sections: Any
+) -> AsyncIterator[Gateway]:
+    """A gateway on this module's catalog (on ``own_store`` when given)."""
     global FLAGS
     FLAGS = Flags()
     catalog = own_catalog(tmp, TOOLS, PROFILES)
     settings = settings_for(tmp, catalog=catalog, **sections)
-    async with running(settings) as gw:
-        try:
-            yield gw
-        finally:
-            FLAGS.release.set()
+    gw = Gateway(settings, store=own_store)
+    await gw.start()
+    try:
+        yield gw
+    finally:
+        FLAGS.release.set()
+        await gw.drain()
+
+
+class RefusingJobs(SqliteStore):
+    """A SQLite store that refuses, when it is staged, the job row of a call whose id
+    starts with ``refused``: the :class:`BadValue` of a value a store cannot bind (SPEC
+    D6). No call can cause one through the wire any more (on PostgreSQL, U+0000 in a
+    call id did until schema version 4), so the test injects it at the ``Store`` seam."""
+
+    def stage_job(self, row: JobRow) -> None:
+        if (row.call_id or "").startswith("refused"):
+            raise BadValue(f"job {row.job_id}: refused by the test's store")
+        super().stage_job(row)
 
 
 async def job_end(p: Peer, job_id: str) -> dict[str, Any]:
@@ -221,34 +238,35 @@ async def test_j6_e3_job_cancelled_before_its_first_step_ends_and_frees_its_slot
 
 async def test_i14_i16_promotion_that_cannot_create_its_job_cancels_the_handler(
     tmp_path: Path,
-    pg_url: str,  # noqa: F811
 ) -> None:
-    """SPEC I14, I9, I16: on the PostgreSQL store a ``call_id`` holding U+0000 cannot be
-    kept in a job row. A sync call past ``promote_after`` whose job therefore cannot be
-    created ends in exactly one typed ``call.error`` naming the problem, its running
-    handler is cancelled and no job is left; an async call is never dispatched, ending
-    the same way. A re-send returns that terminal; the session goes on serving."""
-    async with serve(tmp_path, store={"url": pg_url}) as gw, peer(gw) as p:
-        await p.invoke("c\u00001", "spoils_params", {})
-        err = await p.terminal("c\u00001")
+    """SPEC I14, I9, I16, D6: a store that refuses a job row (:class:`RefusingJobs`). A
+    sync call past ``promote_after`` whose job therefore cannot be created ends in
+    exactly one typed ``call.error`` naming the problem, its running handler is
+    cancelled and no job is left; an async call is never dispatched, ending the same
+    way. A re-send returns that terminal; the session goes on serving."""
+    (tmp_path / "data").mkdir()
+    store = RefusingJobs(tmp_path / "data" / "toolbus.db")
+    async with serve(tmp_path, own_store=store) as gw, peer(gw) as p:
+        await p.invoke("refused-1", "spoils_params", {})
+        err = await p.terminal("refused-1")
         assert err["type"] == "call.error"
         assert err["code"] == "handler_error"
         assert err["message"].startswith("the call could not become a job: job job_")
-        assert err["message"].endswith(": text holds U+0000, which the store cannot keep")
+        assert err["message"].endswith(": refused by the test's store")
         async with asyncio.timeout(WAIT):
             await FLAGS.cancelled.wait()
-        await p.invoke("a\u00001", "wait_job", {})
-        err_async = await p.terminal("a\u00001")
+        await p.invoke("refused-2", "wait_job", {})
+        err_async = await p.terminal("refused-2")
         assert (err_async["type"], err_async["code"]) == ("call.error", "handler_error")
-        assert err_async["message"].endswith(": text holds U+0000, which the store cannot keep")
+        assert err_async["message"].endswith(": refused by the test's store")
         assert FLAGS.runs == 0
         assert gw.jobs.tracked()["jobs_active"] == 0
         assert not [m for m in p.seen if m["type"].startswith("job.")]
         # A re-send returns the recorded terminal (SPEC I12), not a second run.
-        await p.invoke("c\u00001", "spoils_params", {})
-        assert await p.terminal("c\u00001") == err
+        await p.invoke("refused-1", "spoils_params", {})
+        assert await p.terminal("refused-1") == err
         terminals = ("result", "dispatched", "call.error")
-        seen = [m["type"] for m in p.seen if m.get("call_id") == "c\u00001"]
+        seen = [m["type"] for m in p.seen if m.get("call_id") == "refused-1"]
         assert [t for t in seen if t in terminals] == ["call.error", "call.error"]
         await p.invoke("c2", "odd_result", {"kind": "nan"})  # the session still serves
         assert (await p.terminal("c2"))["type"] == "call.error"

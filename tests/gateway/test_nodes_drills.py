@@ -230,7 +230,7 @@ def _jobs_running_on(url: str, node_prefix: str) -> list[str]:
             "SELECT call_id FROM jobs WHERE state='running' AND node_id LIKE %s",
             (node_prefix + "%",),
         ).fetchall()
-    return [str(r[0]) for r in rows]
+    return [bytes(r[0]).decode() for r in rows]  # UTF-8 BYTEA (schema version 4, SPEC D6)
 
 
 async def test_n6_drill_rolling_restart_of_three_nodes_behind_haproxy_no_client_visible_failure(

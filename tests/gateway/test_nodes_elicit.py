@@ -79,7 +79,7 @@ def _routed_to(url: str, elicitation_id: str) -> int:
     stays there for ``REQUEST_TTL`` s: SPEC N3)."""
     with psycopg.connect(url, autocommit=True) as db:
         row = db.execute(
-            "SELECT count(*) FROM node_requests WHERE target=%s", (elicitation_id,)
+            "SELECT count(*) FROM node_requests WHERE target=%s", (elicitation_id.encode(),)
         ).fetchone()
     assert row is not None
     return int(row[0])

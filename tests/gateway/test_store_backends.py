@@ -16,7 +16,15 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 from gateway.pg_link import LOCK_TIMEOUT_MS, STATEMENT_TIMEOUT_MS, redact
-from gateway.pg_schema import _LOCK_KEY, MIGRATIONS, SCHEMA_VERSION, SchemaTooNew, migrate
+from gateway.pg_schema import (
+    _LOCK_KEY,
+    LEASE_WAIT_S,
+    MIGRATIONS,
+    SCHEMA_VERSION,
+    OlderNodesRunning,
+    SchemaTooNew,
+    migrate,
+)
 from gateway.store import (
     BadValue,
     JobRow,
@@ -28,7 +36,15 @@ from gateway.store import (
 )
 from gateway.store_check import SCHEMA_VERSION as SQLITE_SCHEMA_VERSION
 from gateway.store_pg import PgStore
-from tests.pg_support import BACKENDS, fresh_schema, pg_url  # noqa: F401 (fixture)
+from tests.pg_support import (  # noqa: F401 (fixture)
+    BACKENDS,
+    at_schema,
+    fresh_schema,
+    lease,
+    older_nodes_message,
+    pg_url,
+    schema_of,
+)
 
 Opener = Callable[[], Store]
 
@@ -444,6 +460,107 @@ def test_pg_store_of_schema_1_gains_the_credential_ref_column(pg_url: str) -> No
     with psycopg.connect(pg_url, autocommit=True) as db:
         rows = db.execute("SELECT version FROM toolbus_schema ORDER BY version").fetchall()
     assert rows == [(v,) for v in range(1, SCHEMA_VERSION + 1)]
+
+
+def test_n1_o5_migration_4_is_refused_while_an_older_node_holds_a_live_lease(
+    pg_url: str,  # noqa: F811
+) -> None:
+    """SPEC N1, N6, O5: a database at schema 3 whose ``nodes`` table holds a live lease
+    of another node (a node of the older toolbus, which would write ``TEXT`` into the
+    columns version 4 makes ``BYTEA``), longer than a start waits: the start is refused
+    at once with one line naming the nodes, and nothing is migrated. Expired leases do
+    not count."""
+    at_schema(pg_url, 3)
+    lease(pg_url, "old-b", 3600.0)
+    lease(pg_url, "old-a", 10 * LEASE_WAIT_S)
+    lease(pg_url, "gone-c", -5.0)
+    started = time.monotonic()
+    with pytest.raises(OlderNodesRunning) as info:
+        PgStore(pg_url)
+    assert time.monotonic() - started < LEASE_WAIT_S / 2
+    assert str(info.value) == older_nodes_message(pg_url, "old-a, old-b")
+    assert schema_of(pg_url) == (3, "text")
+
+
+def test_n1_migration_4_is_refused_when_a_lease_is_renewed_while_the_start_waits(
+    pg_url: str,  # noqa: F811
+) -> None:
+    """SPEC N1, N6, O5: a live lease that would run out soon (as a node just stopped
+    leaves it) is waited for; a node that renews it meanwhile is running, and the start
+    is refused with the same line."""
+    at_schema(pg_url, 3)
+    lease(pg_url, "old-a", 0.4)
+    stop = threading.Event()
+
+    def renew() -> None:  # the older node's lease thread
+        while not stop.wait(0.05):
+            lease(pg_url, "old-a", 0.4)
+
+    renewer = threading.Thread(target=renew)
+    renewer.start()
+    try:
+        with pytest.raises(OlderNodesRunning) as info:
+            PgStore(pg_url)
+    finally:
+        stop.set()
+        renewer.join(timeout=10)
+    assert str(info.value) == older_nodes_message(pg_url, "old-a")
+    assert schema_of(pg_url) == (3, "text")
+
+
+def test_n1_migration_4_waits_for_the_lease_of_a_node_just_stopped(
+    pg_url: str,  # noqa: F811
+) -> None:
+    """SPEC N1, N6: a lease that runs out while the start waits (its node stopped, so
+    nothing renews it) lets the migration run: no node is left that writes ``TEXT``."""
+    at_schema(pg_url, 3)
+    lease(pg_url, "old-a", 0.3)
+    PgStore(pg_url).close()
+    assert schema_of(pg_url) == (SCHEMA_VERSION, "bytea")
+
+
+def test_n1_d6_migration_4_keeps_the_rows_written_before_it(pg_url: str) -> None:  # noqa: F811
+    """SPEC N1, D6, I15, J3, N3: with the older nodes' leases run out, a schema-3
+    database is migrated (``TEXT`` to UTF-8 ``BYTEA``) and what they wrote reads back the
+    same: a job with its call id and summary, a ledger row with its tool, a routed
+    request's target; a job without them stays without."""
+    at_schema(pg_url, 3)
+    lease(pg_url, "old-a", -1.0)
+    with psycopg.connect(pg_url, autocommit=True) as db:
+        for job_id, call_id, summary in (("j1", "c1", "report \u00e9 done"), ("j2", None, None)):
+            db.execute(
+                'INSERT INTO jobs (job_id, tool, state, session_id, "user", tenant, profile, '
+                "call_id, params, context, created_at, started_at, finished_at, summary, "
+                "artifacts, result, error, node_id) VALUES (%s, 'report', 'done', 's1', "
+                "'alice', NULL, 'demo', %s, %s, '{}', 10.0, 10.0, 11.0, %s, '[]', %s, NULL, "
+                "'old-a')",
+                (job_id, call_id, b'{"p":1}', summary, b'{"r":1}'),
+            )
+        db.execute(
+            "INSERT INTO call_ledger VALUES ('', 'alice', %s, 'report', 'ab', 'done', %s, "
+            "100.0, 'old-a')",
+            (b"c1", b'{"type":"result"}'),
+        )
+        db.execute(
+            'INSERT INTO node_requests (kind, session_id, "user", target, decision, '
+            "created_at) VALUES ('cancel_call', 's1', 'alice', 'c\u00e9', NULL, 1.0)"
+        )
+    store = PgStore(pg_url)
+    try:
+        assert store.job("j1") == JobRow(
+            "j1", "report", "done", "s1", "alice", None, "demo", "c1", {"p": 1}, {},
+            10.0, 10.0, 11.0, "report \u00e9 done", [], {"r": 1}, None,
+        )  # fmt: skip
+        second = store.job("j2")
+        assert second is not None
+        assert (second.call_id, second.summary) == (None, None)
+        assert store.ledger("", "alice", "c1") == LedgerRow(
+            "", "alice", "c1", "report", "ab", "done", b'{"type":"result"}', 100.0
+        )
+        assert store.link.read("SELECT target FROM node_requests") == [("c\u00e9".encode(),)]
+    finally:
+        store.close()
+    assert schema_of(pg_url) == (SCHEMA_VERSION, "bytea")
 
 
 def test_i12_a_call_row_staged_after_its_forget_is_kept(opener: Opener) -> None:

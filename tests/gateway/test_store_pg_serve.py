@@ -16,7 +16,14 @@ from gateway.config import DEMO_DIR
 from gateway.pg_link import redact
 from gateway.pg_schema import SCHEMA_VERSION
 from gateway.store_pg import PgStore
-from tests.pg_support import pg_url, schema_url  # noqa: F401 (fixture)
+from tests.pg_support import (  # noqa: F401 (fixture)
+    at_schema,
+    lease,
+    older_nodes_message,
+    pg_url,
+    schema_of,
+    schema_url,
+)
 from tests.support import (
     CONVERT,
     ROOT,
@@ -129,6 +136,24 @@ def test_serve_refuses_a_database_schema_newer_than_the_code(
         f"{SCHEMA_VERSION + 1} is newer than this toolbus's {SCHEMA_VERSION}; run the newer "
         f"toolbus, or point store.url at another database\n"
     )
+
+
+def test_serve_refuses_migration_4_while_an_older_node_holds_a_live_lease(
+    tmp_path: Path,
+    pg_url: str,  # noqa: F811
+) -> None:
+    """SPEC N1, N6, O5: `serve` on a schema-3 database where a node of the older toolbus
+    still holds its lease stops with one line naming it and saying to drain and stop it,
+    exit 1, no traceback; nothing is migrated."""
+    at_schema(pg_url, 3)
+    lease(pg_url, "old-node-1", 3600.0)
+    result = _serve_once(_config(tmp_path, pg_url, "d"))
+    assert "Traceback" not in result.stderr
+    assert result.returncode == 1
+    assert result.stderr == (
+        f"toolbus: cannot start: {older_nodes_message(pg_url, 'old-node-1')}\n"
+    )
+    assert schema_of(pg_url) == (3, "text")
 
 
 def test_serve_with_a_missing_search_path_schema_names_it(tmp_path: Path) -> None:
