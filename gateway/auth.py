@@ -211,7 +211,15 @@ class JwtAuthenticator:
             # must be a typed refusal, not a failure deep in the session table; an empty
             # one would share the call ids of the user with no tenant (SPEC I15).
             raise AuthError("JWT claim 'tenant' must be a non-empty string")
-        return Identity(str(claims["sub"]), frozenset(profiles), tenant, float(claims["exp"]))
+        user = str(claims["sub"])
+        for claim, texts in (("sub", [user]), ("tenant", [tenant or ""]), (self._claim, profiles)):
+            if any("\x00" in text for text in texts):
+                # SPEC S2, D6: user, tenant and the session's profile (one of these) key
+                # stored rows, and PostgreSQL TEXT cannot hold U+0000 (the store could
+                # not even be asked about the principal's sessions): a typed refusal,
+                # the same on every store.
+                raise AuthError(f"JWT claim '{claim}' holds U+0000")
+        return Identity(user, frozenset(profiles), tenant, float(claims["exp"]))
 
 
 class ChainAuthenticator:

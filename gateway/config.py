@@ -90,8 +90,9 @@ class ServerConfig(_Section):
 class AuthConfig(_Section):
     token_file: Path | None = None
     """YAML token file (SPEC S2): ``tokens: [{sha256, user, profiles, tenant?}]`` (a
-    tenant, when given, is a non-empty string). With neither a token file nor JWT
-    configured, ``serve`` creates a dev token in data_dir."""
+    tenant, when given, is a non-empty string; user, tenant and profiles hold no
+    U+0000). With neither a token file nor JWT configured, ``serve`` creates a dev token
+    in data_dir."""
     jwt_secret: str | None = None
     """HS256 shared secret for JWT credentials."""
     jwt_public_key_file: Path | None = None
@@ -100,7 +101,8 @@ class AuthConfig(_Section):
     jwt_issuer: str | None = None
     jwt_profiles_claim: str = "profiles"
     """Claim holding the list of profiles a JWT grants; ``sub`` names the user, and the
-    optional ``tenant`` claim (a non-empty string) its tenant."""
+    optional ``tenant`` claim (a non-empty string) its tenant. A JWT whose ``sub``,
+    ``tenant`` or a profile holds U+0000 is refused (``auth_failed``)."""
     expiry_warning: float = Field(60.0, ge=0)
     """Seconds before a credential's expiry (JWT ``exp``) that the socket gets
     ``auth.expiring`` (SPEC S6); 0 sends no warning."""

@@ -122,8 +122,10 @@ MIGRATIONS: tuple[tuple[int, str], ...] = (
 text may hold U+0000, which PostgreSQL ``TEXT`` cannot store (SPEC D6: a value that binds
 in SQLite must bind here too). ``TEXT`` columns hold what the server mints (session and
 job ids, hashes, states, node ids, JSON it encoded), tool names of the catalog
-(``[A-Za-z0-9_-]``), and names from credentials and configuration (user, tenant,
-profile); ``PgStore`` refuses, when it is staged, a value such a column cannot bind."""
+(``[A-Za-z0-9_-]``), and names from credentials (user, tenant, profile), which the
+authenticators refuse when they hold U+0000 (SPEC S2: ``gateway.auth``,
+``gateway.tokenfile``); ``PgStore`` refuses, when it is staged, any other value such a
+column cannot bind."""
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 """The newest version this code knows."""

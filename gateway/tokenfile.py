@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pydantic
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
 
 from catalog.errors import did_you_mean
 
@@ -33,6 +34,17 @@ class TokenEntry(BaseModel):
     tenant: str | None = Field(None, min_length=1)
     """Absent for no tenant; never empty: ``""`` would share the call ids of the same
     user with no tenant (the ledger keys both ``("", user)``, SPEC I15)."""
+
+    @field_validator("user", "tenant", "profiles")
+    @classmethod
+    def _no_nul(cls, value: str | list[str] | None) -> str | list[str] | None:
+        # SPEC S2, D6: user, tenant and the session's profile (one of these) key
+        # sessions, jobs and the call ledger, and PostgreSQL TEXT cannot hold U+0000:
+        # refused at load, for every store alike.
+        texts = [value] if isinstance(value, str) else value or []
+        if any("\x00" in text for text in texts):
+            raise PydanticCustomError("no_nul", "must not hold U+0000")
+        return value
 
 
 class TokenFile(BaseModel):

@@ -3,26 +3,43 @@ J4, I1, N3): U+0000 in a call id that becomes a job, in a job's summary or failu
 text, in an unknown tool's name, and in a call id whose ``call.cancel`` is routed to
 another node. PostgreSQL ``TEXT`` cannot hold U+0000 (the SQLite store can: a value that
 binds in SQLite must bind here too, D6), so those columns are UTF-8 ``BYTEA`` from schema
-version 4 (``gateway/pg_schema.py``). Each test runs a real server on 127.0.0.1 with a
-real websockets client, on each store where it can."""
+version 4 (``gateway/pg_schema.py``). Names that come from credentials (user, tenant,
+profile; SPEC S2) are refused when they hold U+0000, on both stores alike. Each test runs
+a real server on 127.0.0.1 with a real websockets client, on each store where it can."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import jwt
 import pytest
+import yaml
 from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed
 
+from gateway.auth import hash_token
 from gateway.config import Settings
 from gateway.context import ToolContext
 from gateway.server import Gateway
+from gateway.tokenfile import TokenFileError, read_token_file
 from tests.gateway.node_tools import nodes
 from tests.pg_support import BACKENDS, pg_url  # noqa: F401 (fixture)
-from tests.support import WAIT, Peer, own_catalog, peer, resume_fields, running, settings_for
+from tests.support import (
+    JWT_SECRET,
+    WAIT,
+    Peer,
+    make_jwt,
+    own_catalog,
+    peer,
+    resume_fields,
+    running,
+    settings_for,
+)
 
 TOOLS = """
 tools:
@@ -74,9 +91,9 @@ async def quick(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     return {"ran": ctx.call_id}
 
 
-def _settings(tmp: Path, backend: str, url: str) -> Settings:
+def _settings(tmp: Path, backend: str, url: str, **sections: Any) -> Settings:
     store = {"url": url} if backend == "postgresql" else {}
-    return settings_for(tmp, catalog=own_catalog(tmp, TOOLS, PROFILES), store=store)
+    return settings_for(tmp, catalog=own_catalog(tmp, TOOLS, PROFILES), store=store, **sections)
 
 
 @asynccontextmanager
@@ -300,3 +317,60 @@ async def test_d6_n3_a_call_cancel_routed_to_another_node_reaches_a_call_id_hold
             assert (ended["type"], ended["code"]) == ("call.error", "cancelled")
         assert not [msg for msg in on_b.seen if msg["type"] == "error"], on_b.seen
         assert [msg["type"] for msg in on_b.seen].count("tool.resolved") == 1
+
+
+# -- S2: names from credentials ---------------------------------------------------------
+
+NUL_CLAIMS = {
+    "sub": {"sub": "a\x00b", "profiles": ["demo"]},
+    "tenant": {"sub": "alice", "tenant": "t\x00", "profiles": ["demo"]},
+    "profiles": {"sub": "alice", "profiles": ["demo", "p\x00q"]},
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("claim", sorted(NUL_CLAIMS))
+async def test_d6_s2_a_jwt_naming_a_principal_or_profile_holding_nul_is_refused(
+    tmp_path: Path,
+    backend: str,
+    claim: str,
+    pg_url: str,  # noqa: F811
+) -> None:
+    """SPEC D6, S2, O5: a JWT whose ``sub``, ``tenant`` or a granted profile holds U+0000
+    (they key the stored session, jobs and ledger) gets ``auth_failed`` and close 4003,
+    on both stores alike; a good JWT is welcomed after it. Before, on PostgreSQL: the
+    ``sub`` and the tenant were refused ``unavailable`` (close 1013, "try again later",
+    for ever: the store could not be asked about the principal's sessions) and the
+    profile closed the socket 1011; on SQLite all three were welcomed."""
+    settings = _settings(tmp_path, backend, pg_url, auth={"jwt_secret": JWT_SECRET})
+    claims = {**NUL_CLAIMS[claim], "exp": time.time() + 600}
+    token = jwt.encode(claims, JWT_SECRET, "HS256")
+    profile = "p\x00q" if claim == "profiles" else "demo"
+    async with serving(settings) as gw:
+        async with peer(gw, hello=False) as p:
+            await p.send({"type": "hello", "token": token, "profile": profile})
+            refused = await p.recv()
+            assert (refused["type"], refused["code"]) == ("error", "auth_failed"), refused
+            with pytest.raises(ConnectionClosed) as closed:
+                await p.recv()
+            assert closed.value.rcvd is not None
+            assert closed.value.rcvd.code == 4003
+        good = make_jwt("alice", ["demo"], time.time() + 600)
+        async with peer(gw, token=good) as q:
+            assert q.welcome["user"] == "alice"
+
+
+@pytest.mark.parametrize("key", ["user", "tenant", "profiles"])
+def test_d6_s2_o5_a_token_file_naming_nul_is_refused_at_load(tmp_path: Path, key: str) -> None:
+    """SPEC D6, S2, O5: a token file entry whose user, tenant or a profile holds U+0000 is
+    refused when the file is read (``serve`` and ``check`` stop with this line; a hot
+    reload keeps the previous tokens), naming the key. Before, it loaded, and such a
+    session was welcomed on SQLite and refused ``unavailable`` (or closed 1011) on
+    PostgreSQL."""
+    entry: dict[str, Any] = {"sha256": hash_token("t"), "user": "u", "profiles": ["demo"]}
+    entry[key] = ["demo", "p\x00q"] if key == "profiles" else "a\x00b"
+    path = tmp_path / "tokens.yaml"
+    path.write_text(yaml.safe_dump({"tokens": [entry]}))
+    with pytest.raises(TokenFileError) as info:
+        read_token_file(path)
+    assert str(info.value) == f"token file {path}: tokens.0.{key}: must not hold U+0000"
