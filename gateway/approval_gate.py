@@ -22,6 +22,21 @@ from protocol.errors import ErrorCode
 from protocol.outcomes import CallOutcome
 
 
+def pending_note(approval: Approval) -> bytes:
+    """The stored note of a call waiting for ``approval`` (SPEC A2, A4, N3): its tool,
+    the approval id (a restart resolves it, A4) and the ``expires_at`` ``tool_start``
+    announced, so that a node that routes a decision for it answers a late one
+    ``expired`` as this node would (:meth:`gateway.node_requests.NodeRequests.route_confirm`).
+    Staged with ``tool_start``: any node that saw it can read the note."""
+    return encode_json(
+        {
+            "tool": approval.tool,
+            "approval_id": approval.approval_id,
+            "expires_at": approval.expires_at,
+        }
+    )
+
+
 class ApprovalGate:
     """``tool_start`` and, when gated, the wait for the user's decision; one per server.
 
@@ -93,8 +108,7 @@ class ApprovalGate:
         )
         session.pending_approvals.add(approval.approval_id)
         call.approval_id = approval.approval_id
-        note = encode_json({"tool": tool.name, "approval_id": approval.approval_id})
-        session.store.stage_call(session.id, call.call_id, "running", note)
+        session.store.stage_call(session.id, call.call_id, "running", pending_note(approval))
         self.metrics.pending_approvals.inc()
         session.emit(
             m.ToolStart(

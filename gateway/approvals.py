@@ -130,9 +130,24 @@ class Approvals:
         return approval
 
     def confirm(
-        self, session_id: str, user: str, approval_id: str, decision: Decision
+        self,
+        session_id: str,
+        user: str,
+        approval_id: str,
+        decision: Decision,
+        at: float | None = None,
     ) -> NotAcceptedReason | None:
         """Apply a client's decision (SPEC A3).
+
+        Args:
+            session_id: the deciding session.
+            user: its user.
+            approval_id: the approval decided.
+            decision: the client's decision.
+            at: when the gateway received the decision (Unix s): for one routed from
+                another node (SPEC N3), that node's time, which it also judged the
+                decision by; ``None``: now, on this registry's clock. A decision
+                received at or after ``expires_at`` is ``expired``.
 
         Returns:
             ``None`` when accepted; else why nothing changed: ``unknown`` (never issued,
@@ -146,7 +161,7 @@ class Approvals:
             return self._refusal(session_id, approval_id)
         if approval.session_id != session_id or approval.user != user:
             return NotAcceptedReason.UNKNOWN
-        if self._clock() >= approval.expires_at:
+        if (self._clock() if at is None else at) >= approval.expires_at:
             # SPEC A4: the deadline is the expires_at tool_start announced, on this clock;
             # the timer runs on the loop's clock (and after a hand-off, SPEC N6, on
             # another node's), so it may not have fired yet.

@@ -23,6 +23,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from gateway.approval_gate import pending_note
 from gateway.call_end import Call
 from gateway.ledger import params_hash
 from gateway.metrics import Metrics
@@ -83,6 +84,7 @@ class Handoff:
             note = {
                 "tool": call.tool.name,
                 "approval_id": approval_id,
+                "expires_at": approval.expires_at,  # SPEC N3: as pending_note
                 "handoff": {"params": call.params, "expires_at": approval.expires_at},
             }
             session = call.session
@@ -126,12 +128,7 @@ class Handoff:
         )
         call.approval_id = approval_id
         session.pending_approvals.add(approval_id)
-        session.store.stage_call(
-            session.id,
-            call_id,
-            "running",
-            encode_json({"tool": tool_name, "approval_id": approval_id}),
-        )
+        session.store.stage_call(session.id, call_id, "running", pending_note(approval))
         self._metrics.pending_approvals.inc()
         if not session.catalog_names:  # a detached copy (SPEC N4) has no view yet
             session.catalog_names = pipeline.checks.catalog.view(session)[2]

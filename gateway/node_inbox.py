@@ -10,6 +10,7 @@ as a safety net.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from gateway.outbox import Outbox
 from gateway.pg_fence import Fence
@@ -38,15 +39,24 @@ class NodeInbox:
             consumed there, and deleted with the commit.
         sessions: this node's session table.
         outbox: commits what a sweep emitted.
+        resolved: told of each ``tool.resolved`` emitted, with its session's id: an
+            approval settled on another node (SPEC A3, N3; a later decision for it is
+            answered as one node would: ``NodeRequests.settled_elsewhere``).
     """
 
     def __init__(
-        self, store: PgStore, fence: Fence, sessions: SessionTable, outbox: Outbox
+        self,
+        store: PgStore,
+        fence: Fence,
+        sessions: SessionTable,
+        outbox: Outbox,
+        resolved: Callable[[str, m.ToolResolved], None] = lambda _s, _e: None,
     ) -> None:
         self._store = store
         self._fence = fence
         self._sessions = sessions
         self._outbox = outbox
+        self._resolved = resolved
         self.inbox_emitted = 0
         """Inbox rows emitted as events of this node's sessions (SPEC N3)."""
 
@@ -73,16 +83,14 @@ class NodeInbox:
                 # SPEC I12: the owner records the call's end under its own seq (the
                 # node that ran it could not: its write was fenced).
                 session.call_done(durable.call_id, data)
-            elif (
-                isinstance(durable, m.ToolResolved)
-                and durable.always
-                and durable.resolution is m.Resolution.ALLOWED
-            ):
-                # SPEC A3, N3: "allow always" decided for a call that waited on another
-                # node is a grant of the session, which lives here (that node's write of
-                # it was fenced).
-                session.grants.add(durable.tool)
-                session.save()
+            elif isinstance(durable, m.ToolResolved):
+                self._resolved(session_id, durable)
+                if durable.always and durable.resolution is m.Resolution.ALLOWED:
+                    # SPEC A3, N3: "allow always" decided for a call that waited on
+                    # another node is a grant of the session, which lives here (that
+                    # node's write of it was fenced).
+                    session.grants.add(durable.tool)
+                    session.save()
             self._fence.consumed(row_id, session_id, session.last_seq)
             self.inbox_emitted += 1
         if rows:

@@ -11,6 +11,15 @@ socket had sent it (:meth:`NodeRequests.sweep`). What that produces (``tool.reso
 the call's result, ``job.cancelled``) reaches the client on B through the inbox
 (:mod:`gateway.pg_fence`). Rows nobody holds are dropped after :data:`REQUEST_TTL`.
 
+A routed decision is answered as the node that holds its target would answer it (SPEC
+A3, A4): the call's note names the ``expires_at`` that ``tool_start`` or
+``elicit.request`` announced, and one received at or after it is ``expired`` here; the
+row carries the time it was received (``created_at``, this node's clock), and the node
+that applies it judges it by that time, so it settles a late one as its timeout would,
+and never a timely one as late. A settlement this node learns of through the inbox
+(``tool.resolved``, :meth:`NodeRequests.settled_elsewhere`) answers a later decision as
+one node would: ``expired`` after a timeout, else ``already_decided``.
+
 Each node reads the table when notified and every lease interval (the safety net).
 """
 
@@ -18,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from enum import StrEnum
 from typing import Any
 
@@ -30,7 +40,13 @@ from gateway.store import StoreUnavailable
 from gateway.store_pg import PgStore
 from gateway.store_pg_batch import text_of, utf8
 from protocol.codec import decode_json, encode_json
-from protocol.messages import Decision, ElicitAction, NotAcceptedReason
+from protocol.messages import (
+    Decision,
+    ElicitAction,
+    NotAcceptedReason,
+    ResolutionReason,
+    ToolResolved,
+)
 
 logger = logging.getLogger("gateway.nodes")
 
@@ -54,6 +70,35 @@ ROUTED_KEPT = 10_000
 :meth:`NodeRequests.route_answer`)."""
 
 
+def running_note(
+    store: PgStore, session_id: str, call_id: str | None, target: str, member: str
+) -> dict[str, Any] | None:
+    """The note of a running stored call of ``session_id`` with that call id, or whose
+    note names ``target`` as its ``member`` (:meth:`NodeRequests.running_elsewhere`);
+    ``{}`` when it cannot be read, ``None`` when there is no such call.
+
+    Raises:
+        StoreUnavailable: the store cannot be read now.
+    """
+    # The call's note (gateway.approval_gate, gateway.handoff, gateway.mcp.elicit) is
+    # searched as bytes, not cast to json: PostgreSQL's json refuses a NUL escape
+    # (\u0000), which a tool name may hold. Inside a JSON string a quote is escaped,
+    # so the key and value below can only match the note's own member.
+    named = encode_json({member: target})[1:-1]
+    rows = store.link.read(
+        "SELECT body FROM calls WHERE session_id=%s AND state='running' AND "
+        "(call_id=%s OR position(%s::bytea in body) > 0) LIMIT 1",
+        (session_id, utf8(call_id or ""), named),
+    )
+    if not rows:
+        return None
+    try:
+        note = decode_json(bytes(rows[0][0] or b"{}"))
+    except ValueError:  # JSONDecodeError: a ValueError
+        return {}
+    return note if isinstance(note, dict) else {}
+
+
 class NodeRequests:
     """Routes requests between nodes and applies those for this node (SPEC N3).
 
@@ -63,6 +108,7 @@ class NodeRequests:
         pipeline: this node's running calls (SPEC I8).
         jobs: this node's running jobs (SPEC J3).
         elicitations: this node's pending MCP questions (SPEC M3).
+        clock: Unix time in seconds (when a request was received, SPEC A4).
     """
 
     def __init__(
@@ -72,13 +118,17 @@ class NodeRequests:
         pipeline: Pipeline,
         jobs: JobRunner,
         elicitations: Elicitations,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self._store = store
         self._approvals = approvals
         self._pipeline = pipeline
         self._jobs = jobs
         self._elicitations = elicitations
-        self._answered: dict[tuple[str, str], None] = {}
+        self._clock = clock
+        self._answered: dict[tuple[str, str], NotAcceptedReason | None] = {}
+        """(session, target) -> what this node answered first (``None``: routed), or
+        what a settlement it learnt of means for a later decision (SPEC A3)."""
         self.applied = 0
         """Requests from other nodes applied here."""
 
@@ -93,33 +143,41 @@ class NodeRequests:
         Raises:
             StoreUnavailable: the store cannot be read now.
         """
-        # The call's note (gateway.approval_gate, gateway.handoff, gateway.mcp.elicit) is
-        # searched as bytes, not cast to json: PostgreSQL's json refuses a NUL escape
-        # (\u0000), which a tool name may hold. Inside a JSON string a quote is escaped,
-        # so the key and value below can only match the note's own member.
-        named = encode_json({member: approval_id})[1:-1]
-        rows = self._store.link.read(
-            "SELECT 1 FROM calls WHERE session_id=%s AND state='running' AND "
-            "(call_id=%s OR position(%s::bytea in body) > 0) LIMIT 1",
-            (session_id, utf8(call_id or ""), named),
-        )
-        return bool(rows)
+        return running_note(self._store, session_id, call_id, approval_id, member) is not None
 
     def route_confirm(
         self, session_id: str, user: str, approval_id: str, decision: Decision
     ) -> NotAcceptedReason | None:
         """Route a ``tool.confirm`` this node cannot settle to the node where its call
-        waits for the decision (SPEC N3, A3); answers as :meth:`route_answer`.
+        waits for the decision (SPEC N3, A3, A4); answers as :meth:`route_answer`, and
+        as one node answers a decision after the approval was settled (one this node
+        learnt of, :meth:`settled_elsewhere`).
 
         Returns:
             ``None``: routed (accepted; the node that holds the approval settles it,
             and its ``tool.resolved`` tells which settlement won). ``unknown``: no
             running call of ``session_id`` names that approval, or the store cannot be
-            used now. ``already_decided``: this node already routed a decision for it
+            used now. ``expired``: received at or after the approval's ``expires_at``
+            (routed all the same: the approval is denied ``timeout`` now, as one node
+            does, A4), or the approval timed out. ``already_decided``: this node
+            already routed a decision for it, or the approval was settled otherwise
             (the first decision wins, A3).
         """
         return self._route_once(
             Kind.CONFIRM, session_id, user, approval_id, "approval_id", str(decision)
+        )
+
+    def settled_elsewhere(self, session_id: str, event: ToolResolved) -> None:
+        """SPEC A3, A4, N3: a call of ``session_id`` (held here) that waited on another
+        node had its approval settled there (its ``tool.resolved`` came through the
+        inbox). A later decision for it is answered as one node answers it:
+        ``expired`` after a timeout, else ``already_decided``."""
+        if event.approval_id is None:
+            return
+        late = event.reason is ResolutionReason.TIMEOUT
+        self._remember(
+            (session_id, event.approval_id),
+            NotAcceptedReason.EXPIRED if late else NotAcceptedReason.ALREADY_DECIDED,
         )
 
     def route_answer(
@@ -138,8 +196,10 @@ class NodeRequests:
             if its own socket had answered). ``unknown``: no running call of
             ``session_id`` names that question (a made-up id, another session's, one
             settled before the session moved), content JSON cannot carry, or the store
-            cannot be used now. ``already_decided``: this node already routed an answer
-            to it (the first answer wins, A3).
+            cannot be used now. ``expired``: received at or after the question's
+            ``expires_at`` (routed all the same: the MCP server is answered ``cancel``
+            now, as at the timeout, SPEC A4). ``already_decided``: this node already
+            routed an answer to it (the first answer wins, A3).
         """
         try:
             decision = encode_json({"action": action.value, "content": content}).decode()
@@ -153,52 +213,73 @@ class NodeRequests:
         self, kind: Kind, session_id: str, user: str, target: str, member: str, decision: str
     ) -> NotAcceptedReason | None:
         """Route the first answer for ``target`` (the call's note names it as
-        ``member``) from this node; a later one for the same target is not accepted."""
+        ``member``, and its ``expires_at``) from this node; a later one for the same
+        target is not accepted: ``already_decided``, or ``expired`` when the first was.
+        The row carries the time it was received here: the node that holds the target
+        judges it by that time (SPEC A4)."""
         key = (session_id, target)
         if key in self._answered:
-            return NotAcceptedReason.ALREADY_DECIDED
+            return self._answered[key] or NotAcceptedReason.ALREADY_DECIDED
+        now = self._clock()
         try:
-            if not self.running_elsewhere(session_id, None, target, member):
+            note = running_note(self._store, session_id, None, target, member)
+            if note is None:
                 return NotAcceptedReason.UNKNOWN
-            self.route(kind, session_id, user, target, decision)
+            self.route(kind, session_id, user, target, decision, now)
         except StoreUnavailable:
             return NotAcceptedReason.UNKNOWN
-        self._answered[key] = None
+        expires_at = note.get("expires_at")
+        # SPEC A4: the deadline announced, as the node that holds the target judges it.
+        late = isinstance(expires_at, int | float) and now >= expires_at
+        reason = NotAcceptedReason.EXPIRED if late else None
+        self._remember(key, reason)
+        return reason
+
+    def _remember(self, key: tuple[str, str], reason: NotAcceptedReason | None) -> None:
+        self._answered[key] = reason
         if len(self._answered) > ROUTED_KEPT:
             del self._answered[next(iter(self._answered))]
-        return None
 
     def route(
-        self, kind: Kind, session_id: str, user: str, target: str, decision: str | None = None
+        self,
+        kind: Kind,
+        session_id: str,
+        user: str,
+        target: str,
+        decision: str | None = None,
+        at: float | None = None,
     ) -> None:
         """Store a request for whichever node holds ``target`` and notify every node.
         ``target`` (a call id the client sent, an approval, question or job id) is kept
         as UTF-8 ``BYTEA``: a call id may hold U+0000 (SPEC D6; schema version 4).
+        ``at``: when it was received (Unix s; ``None``: now, on this node's clock).
 
         Raises:
             StoreUnavailable: it could not be stored; nothing was sent.
         """
+        received = self._clock() if at is None else at
         self._store.link.execute(
             "WITH r AS (INSERT INTO node_requests "
             '(kind, session_id, "user", target, decision, created_at) '
             "VALUES (%s,%s,%s,%s,%s,%s) RETURNING id) SELECT pg_notify(%s, 'requests *') FROM r",
-            (str(kind), session_id, user, utf8(target), decision, time.time(), CHANNEL),
+            (str(kind), session_id, user, utf8(target), decision, received, CHANNEL),
         )
 
     def sweep(self) -> None:
         """Apply the stored requests whose target this node holds, each once."""
         try:
             self._store.link.execute(
-                "DELETE FROM node_requests WHERE created_at < %s", (time.time() - REQUEST_TTL,)
+                "DELETE FROM node_requests WHERE created_at < %s",
+                (self._clock() - REQUEST_TTL,),
             )
             rows = self._store.link.read(
-                'SELECT id, kind, session_id, "user", target, decision FROM node_requests '
-                "ORDER BY id"
+                'SELECT id, kind, session_id, "user", target, decision, created_at '
+                "FROM node_requests ORDER BY id"
             )
-            for row_id, kind, session_id, user, stored, decision in rows:
+            for row_id, kind, session_id, user, stored, decision, at in rows:
                 target = text_of(stored)
                 if self._holds(Kind(kind), session_id, target) and self._claim(row_id):
-                    self._apply(Kind(kind), session_id, user, target, decision)
+                    self._apply(Kind(kind), session_id, user, target, decision, float(at))
         except StoreUnavailable as exc:
             logger.warning("routed requests not read now: %s", exc)
 
@@ -218,22 +299,32 @@ class NodeRequests:
         return bool(rows)
 
     def _apply(
-        self, kind: Kind, session_id: str, user: str, target: str, decision: str | None
+        self,
+        kind: Kind,
+        session_id: str,
+        user: str,
+        target: str,
+        decision: str | None,
+        at: float,
     ) -> None:
+        """Apply one claimed request; ``at``: when the routing node received it (SPEC A4:
+        a decision is judged by that time, as that node judged it)."""
         self.applied += 1
         if kind is Kind.CONFIRM:
             reason = self._approvals.confirm(
-                session_id, user, target, Decision(decision or Decision.DENY)
+                session_id, user, target, Decision(decision or Decision.DENY), at
             )
             logger.info("routed decision on %s: %s", target, reason or "accepted")
         elif kind is Kind.CANCEL_JOB:
             self._jobs.cancel(target)
         elif kind is Kind.ELICIT:
-            self._answer(session_id, target, decision)
+            self._answer(session_id, target, decision, at)
         else:
             self._pipeline.cancel_by_id(session_id, target)
 
-    def _answer(self, session_id: str, elicitation_id: str, decision: str | None) -> None:
+    def _answer(
+        self, session_id: str, elicitation_id: str, decision: str | None, at: float
+    ) -> None:
         """SPEC M3, N3: settle a routed ``elicit.answer`` as if this node's socket had
         sent it (same session, first answer wins); an unreadable one answers ``cancel``."""
         try:
@@ -244,5 +335,5 @@ class NodeRequests:
             action, content = ElicitAction.CANCEL, None
         if not isinstance(content, dict):
             content = None
-        reason = self._elicitations.settle(session_id, elicitation_id, action, content)
+        reason = self._elicitations.settle(session_id, elicitation_id, action, content, at)
         logger.info("routed answer on %s: %s", elicitation_id, reason or "accepted")

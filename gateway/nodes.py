@@ -54,6 +54,7 @@ from gateway.recovery import Recovery
 from gateway.session import Session, SessionTable, TokenBucket
 from gateway.store_pg import PgStore
 from gateway.store_rows import SessionRow
+from protocol import messages as m
 from protocol.errors import CloseCode
 
 logger = logging.getLogger("gateway.nodes")
@@ -136,7 +137,7 @@ class Node:
         self._claim = NodeClaim(
             self.id, store, self.fence, sessions, outbox, catalog, bucket, self.take
         )
-        self._inbox = NodeInbox(store, self.fence, sessions, outbox)
+        self._inbox = NodeInbox(store, self.fence, sessions, outbox, self._resolved)
         self.requests: NodeRequests | None = None
         """Requests routed to the node that runs a call or job (SPEC N3); set by
         :func:`gateway.wiring.build_gateway`."""
@@ -296,6 +297,11 @@ class Node:
             link.close(CloseCode.SESSION_REPLACED, why)
 
     # -- inbox (SPEC N3) -----------------------------------------------------------------
+
+    def _resolved(self, session_id: str, event: m.ToolResolved) -> None:
+        """An approval of a session held here was settled on another node (SPEC A3, N3)."""
+        if self.requests is not None:
+            self.requests.settled_elsewhere(session_id, event)
 
     def sweep(self) -> None:
         """Emit the inbox rows of this node's sessions as their events (SPEC N3;

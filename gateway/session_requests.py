@@ -129,9 +129,10 @@ class SessionRequests:
         """SPEC A3: first decision wins; anything else is "not accepted" with a reason."""
         reason = self.approvals.confirm(s.id, s.user, msg.approval_id, msg.decision)
         if reason is m.NotAcceptedReason.UNKNOWN and self.routes is not None:
-            # SPEC N3, A3: the call waits on another node; the first decision routed
+            # SPEC N3, A3, A4: the call waits on another node; the first decision routed
             # there wins (its tool.resolved tells which settlement did), a later one
-            # is not accepted.
+            # is not accepted, and one past the approval's expires_at is expired, as
+            # this node would answer them.
             reason = self.routes.route_confirm(s.id, s.user, msg.approval_id, msg.decision)
         s.reply(
             m.ConfirmResult(

@@ -161,7 +161,8 @@ class Store(Protocol):
 
     def running_calls(self) -> list[tuple[str, str, bytes | None]]:
         """``(session_id, call_id, body)`` of calls a crash or restart cut off; a running
-        call's body is JSON ``{"tool": name, "approval_id"?: id}``."""
+        call's body is JSON ``{"tool": name, "approval_id"?: id, "expires_at"?: s}``
+        (or ``"elicitation_id"`` and its ``"expires_at"``, SPEC M3, N3)."""
 
     def job(self, job_id: str) -> JobRow | None: ...
 

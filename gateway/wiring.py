@@ -414,7 +414,7 @@ def build_gateway(
     if node is not None:
         from gateway.node_requests import NodeRequests
 
-        node.requests = NodeRequests(node.store, approvals, pipeline, jobs, elicitations)
+        node.requests = NodeRequests(node.store, approvals, pipeline, jobs, elicitations, clock)
         connection_parts.requests.routes = node.requests
     handoff = Handoff(pipeline, metrics, clock)
     recovery = Recovery(

@@ -10,10 +10,12 @@ timeout (an answer after the announced ``expires_at`` is ``expired``), the end o
 session, or the end of the call, answers the MCP server ``cancel``.
 
 Several nodes (SPEC N3): the session may move to another node while the call waits
-here. The pending id is written into the call's stored note (``{"tool", "elicitation_id"}``,
-as :mod:`gateway.approval_gate` writes the approval id), so the node that now holds the
-session routes an answer for that id here (:mod:`gateway.node_requests`); :meth:`holds`
-and :meth:`settle` apply it with the same rules as an answer from this node's socket.
+here. The pending id is written into the call's stored note (``{"tool", "elicitation_id",
+"expires_at"}``, as :mod:`gateway.approval_gate` writes the approval id), so the node that
+now holds the session routes an answer for that id here (:mod:`gateway.node_requests`),
+and answers one sent after ``expires_at`` ``expired`` itself; :meth:`holds` and
+:meth:`settle` apply it with the same rules as an answer from this node's socket, at the
+time that node received it.
 """
 
 from __future__ import annotations
@@ -128,10 +130,13 @@ class Elicitations:
             or call_id in session.done_calls
         ):
             return
-        note: dict[str, str] = {"tool": ctx.tool}
+        note: dict[str, Any] = {"tool": ctx.tool}
         for elicitation_id, pending in reversed(self._pending.items()):
             if (pending.session_id, pending.call_id) == (session.id, call_id):
+                # SPEC N3, A4: and its deadline, so the node that routes an answer for it
+                # answers a late one ``expired``, as this node would.
                 note["elicitation_id"] = elicitation_id
+                note["expires_at"] = pending.expires_at
                 break
         session.store.stage_call(session.id, call_id, "running", encode_json(note))
 
@@ -147,8 +152,17 @@ class Elicitations:
         elicitation_id: str,
         action: m.ElicitAction,
         content: dict[str, Any] | None,
+        at: float | None = None,
     ) -> m.NotAcceptedReason | None:
         """Settle a pending question with an answer from ``session_id`` (SPEC M3, A7).
+
+        Args:
+            session_id: the answering session.
+            elicitation_id: the question.
+            action: the user's action.
+            content: the form's content, for ``accept``.
+            at: when the gateway received the answer (Unix s): another node's clock for
+                one routed here (SPEC N3); ``None``: now, on this node's clock.
 
         Returns:
             ``None`` when it was accepted; ``unknown`` when no question of that session
@@ -161,7 +175,7 @@ class Elicitations:
             return m.NotAcceptedReason.UNKNOWN
         if pending.future.done():
             return m.NotAcceptedReason.ALREADY_DECIDED
-        if self._clock() >= pending.expires_at:
+        if (self._clock() if at is None else at) >= pending.expires_at:
             # SPEC M3, A4: the deadline announced, on this clock; the wait's timeout runs
             # on the loop's clock and may not have fired yet.
             pending.future.set_result(CANCELLED)

@@ -115,3 +115,31 @@ async def test_a3_settled_memory_is_bounded(monkeypatch: pytest.MonkeyPatch) -> 
         NotAcceptedReason.ALREADY_DECIDED,
     ]
     assert reg.pending == {}
+
+
+async def test_a4_n3_a_routed_decision_is_judged_by_when_it_was_received() -> None:
+    """SPEC A4, N3: a decision routed from another node carries the time that node
+    received it (``at``). One received before ``expires_at`` counts though it is
+    applied after (the registry's clock has passed the deadline, its timer has not
+    fired); one received at or after it is ``expired`` and denies ``timeout``, though
+    the registry's clock has not reached the deadline. Before, the applying node
+    judged by its own clock at the time it applied the decision."""
+    now = [1000.0]
+    reg = Approvals(300.0, lambda: now[0])
+    timely = reg.open("s1", "alice", "c1", "t", {})
+    late = reg.open("s1", "alice", "c2", "t", {})
+    now[0] = timely.expires_at + 5.0
+    assert reg.confirm("s1", "alice", timely.approval_id, Decision.ALLOW, at=1200.0) is None
+    assert timely.outcome is not None
+    assert (timely.outcome.resolution, timely.outcome.reason) == (
+        Resolution.ALLOWED,
+        ResolutionReason.USER,
+    )
+    now[0] = 1100.0
+    reason = reg.confirm("s1", "alice", late.approval_id, Decision.ALLOW, at=late.expires_at)
+    assert reason is NotAcceptedReason.EXPIRED
+    assert late.outcome is not None
+    assert (late.outcome.resolution, late.outcome.reason) == (
+        Resolution.DENIED,
+        ResolutionReason.TIMEOUT,
+    )
