@@ -176,7 +176,11 @@ class CallsConfig(_Section):
 
 class JobsConfig(_Section):
     max_concurrent: int = Field(64, ge=1)
-    """Jobs running at once across the server (SPEC J1)."""
+    """Jobs running at once across the server (SPEC J1). A sync call promoted to a job
+    (SPEC I14) counts, in this bound and the two below, from its promotion until its
+    handler returns: it takes its slot at once, even past the bound (its handler runs
+    already), and jobs submitted after it wait ``queued`` until the count is back
+    under the bound."""
     max_per_session: int = Field(8, ge=1)
     """Jobs running at once per session; more wait ``queued`` (SPEC J1)."""
     max_per_user: int = Field(32, ge=1)

@@ -1,8 +1,10 @@
 """The in-process job runner (SPEC J1-J5, I9, I14).
 
 A job runs an async tool (or a sync call promoted past its soft deadline) in the
-background: ``queued`` until a slot is free under both the global and the per-session
-bound, then ``running``, then ``done`` | ``failed`` | ``cancelled``. Every state change
+background: ``queued`` until a slot is free under the per-session, per-user and global
+bounds, then ``running``, then ``done`` | ``failed`` | ``cancelled``. A promoted call
+takes its slots at once, even past a bound (its handler runs already), and holds them
+until its handler returns (:class:`~gateway.job_slots.JobSlots`). Every state change
 is staged in the store before the matching event is emitted, and the outbox commits
 before it sends, so a job's final state is durable before the client hears of it
 (SPEC J5): :class:`~gateway.job_end.JobEnd` does both, in that order. Progress notes are
@@ -241,7 +243,11 @@ class JobRunner:
     ) -> None:
         try:
             if adopt is not None:
-                value = await adopt
+                # SPEC J1, I14: a promoted call's handler runs already (or waits only for
+                # its worker thread) and cannot be paused: it takes its slots at once,
+                # even past a bound, so the jobs after it wait until it returns.
+                with self._slots.take(job.session):
+                    value = await adopt
             else:
                 # SPEC J1, E3: slots of the session, its user and the server.
                 async with self._slots.hold(job.session):
