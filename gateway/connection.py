@@ -237,12 +237,15 @@ class ConnectionHandler:
         code = close or error.close
         assert code is not None
         self.parts.metrics.errors.labels(error.code.value).inc()
+        # What is queued goes first: a link takes nothing once its close began.
+        self.parts.outbox.flush()
         self.link.push(encode(m.Error(id=error.request_id, code=error.code, message=error.message)))
         self._flush_and_close(code, close_reason(error.message))
         self.state.start_closing()
 
     def _flush_and_close(self, code: CloseCode, reason: str) -> None:
-        """Send what is queued, then close; :meth:`serve` awaits it before returning."""
+        """Send what is queued, then close; :meth:`serve` awaits it before returning.
+        Nothing pushed from now on is sent (SPEC S4: a ``reconnect`` hint stays last)."""
         closing = self.link.flush_and_close(code, reason)
         self._closing = asyncio.get_running_loop().create_task(closing)
 

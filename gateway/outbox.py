@@ -24,9 +24,9 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gateway.store import StoreError, StoreUnavailable
 from gateway.wslib import ConnectionClosed, Socket
@@ -151,18 +151,27 @@ class Link:
         self._task.cancel()
         self.closer = asyncio.get_running_loop().create_task(self._close(code, reason))
 
-    async def flush_and_close(self, code: CloseCode, reason: str, grace: float = 5.0) -> None:
-        """Let the writer send what is queued, in order, then close with ``code``.
+    def flush_and_close(
+        self, code: CloseCode, reason: str, grace: float = 5.0
+    ) -> Coroutine[Any, Any, None]:
+        """Let the writer send what is queued, in order, then close with ``code``; the
+        returned coroutine does it (await it, or make it a task).
 
-        Frames pushed from now on are dropped. The writer task alone sends, so a replay
-        under way is finished before anything queued behind it (SPEC D1, D3). A peer
-        that does not read within ``grace`` seconds is closed anyway: what it missed is
-        in the log, and replay gives it back on resume.
+        Frames pushed from the moment of this call are dropped, before the coroutine
+        first runs (SPEC S4: the drain's ``reconnect`` hint is the last frame; an event
+        emitted after it is in the log, and replay gives it on the next socket). The
+        writer task alone sends, so a replay under way is finished before anything
+        queued behind it (SPEC D1, D3). A peer that does not read within ``grace``
+        seconds is closed anyway: what it missed is in the log, and replay gives it back
+        on resume.
         """
         if self.closed:
-            return
+            return _nothing()
         self.closed = True
         self._wakeup.set()
+        return self._flushed_close(code, reason, grace)
+
+    async def _flushed_close(self, code: CloseCode, reason: str, grace: float) -> None:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(grace):
                 await self._idle.wait()
@@ -570,3 +579,7 @@ def _deliver(items: Iterable[tuple[Recipient, bytes, bool]]) -> None:
             batches.setdefault(link, []).append(data)
     for link, frames in batches.items():
         link.push_many(frames)
+
+
+async def _nothing() -> None:
+    """The close of a link closed already: nothing to do."""

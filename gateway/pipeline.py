@@ -21,6 +21,7 @@ which also records it for idempotent re-sends (SPEC I12) and writes the audit re
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Final
@@ -154,6 +155,38 @@ class Pipeline:
             if not (expired and call is not None and call.executing):
                 self.cancel(session, call_id)
 
+    async def settle_plain(self, deadline: float) -> int:
+        """A drain of a single node (SPEC S4, J6, D1): wait, until ``deadline``
+        (event-loop time), for every call whose plain handler runs in a worker thread,
+        or gets one meanwhile, to end: not only for the thread to be free, but for the
+        call's task to have staged its terminal event, so that the drain sends it before
+        the ``reconnect`` hint. Calls whose handler is a coroutine are not waited for
+        (as before: they run on until the drain ends). Returns how many still run."""
+        loop = asyncio.get_running_loop()
+        lane = self.execution.pool
+        told = False
+        while True:
+            busy = [
+                task
+                for call in self._call_state.values()
+                if call.executing and _plain(call)
+                if (task := call.session.inflight.get(call.call_id)) is not None
+            ]
+            remaining = deadline - loop.time()
+            if not (busy or lane.live()) or remaining <= 0:
+                return len(busy)
+            if not told:
+                told = True
+                logger.info("drain: waiting up to %.1f s for running call handlers", remaining)
+            # A thread freed (or granted to a call that then starts), or a call's end.
+            changed = asyncio.ensure_future(lane.changed())
+            try:
+                await asyncio.wait(
+                    [*busy, changed], timeout=remaining, return_when=asyncio.FIRST_COMPLETED
+                )
+            finally:
+                changed.cancel()
+
     async def stop_unstarted(self) -> int:
         """A drain (SPEC S4, J6): end every call here whose handler has not started
         (waiting for a worker thread, a commit, a pre-hook; one waiting for approval
@@ -238,3 +271,9 @@ class Pipeline:
         if not await self.gate.decided(call, tool, approval):
             return
         await self.execution.execute(call, tool, *prepared)
+
+
+def _plain(call: Call) -> bool:
+    """Whether ``call``'s handler is a plain function (it runs in a worker thread)."""
+    tool = call.tool
+    return tool is not None and tool.func is not None and not inspect.iscoroutinefunction(tool.func)

@@ -177,7 +177,9 @@ class Gateway:
             # handler runs in a thread get until the deadline to end as they really end.
             await parts.handoff.release()
             await self.jobs.shutdown(deadline)
-            await self.workers.calls.wait_live(deadline)
+            # SPEC S4, D1: and until their calls' terminal events are staged, so that
+            # each result that ends within the grace goes out before the hint.
+            await self.pipeline.settle_plain(deadline)
             # SPEC J6: a call whose handler has not started by now (it waits for a
             # thread) never runs here; it ends saying so, not as cut off while it ran.
             await parts.handoff.release()

@@ -99,7 +99,9 @@ class LiveSockets:
 
     async def restart_all(self, hint: bytes) -> None:
         """SPEC S4: queue ``hint`` (an encoded ``reconnect``) on every socket behind what
-        it already holds, then close each 1012; returns once all of them closed."""
+        it already holds, then close each 1012; returns once all of them closed. The
+        hint is each socket's last frame: its link takes nothing more from the moment
+        it is queued (an event emitted later is in the log, for the next socket)."""
         closing = []
         for handler in list(self.handlers):
             handler.link.push(hint)

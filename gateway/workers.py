@@ -254,12 +254,16 @@ class Lane:
             self._changed = asyncio.Event()
         return self._changed.wait()
 
+    def live(self) -> int:
+        """Slots held by handlers whose caller still waits for them (not overdue)."""
+        return sum(1 for slot in self._busy if not slot.overdue)
+
     async def wait_live(self, deadline: float) -> int:
         """Wait until no handler whose caller still waits holds a slot, or ``deadline``
         (event-loop time) passes; returns how many such handlers still run (SPEC J6)."""
         loop = asyncio.get_running_loop()
         while True:
-            live = sum(1 for slot in self._busy if not slot.overdue)
+            live = self.live()
             remaining = deadline - loop.time()
             if not live or remaining <= 0:
                 return live

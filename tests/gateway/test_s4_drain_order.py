@@ -1,0 +1,155 @@
+"""A drain sends every outcome it waited for before the ``reconnect`` hint and the 1012
+close, and nothing after the hint (SPEC S4, J6, D1): the real server in a subprocess
+stopped by SIGTERM, and the link's close on a real socket.
+
+The handlers are :func:`tests.gateway.node_tools.gated`: each writes its call id to
+``runs``, then waits, in its worker thread, for the test's ``go-<call_id>`` file, so
+the test decides when a handler returns and no test sleeps to order events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from pathlib import Path
+from typing import Any
+
+import yaml
+from websockets.exceptions import ConnectionClosed
+
+from protocol import messages as m
+from protocol.codec import encode
+from protocol.errors import CloseCode, ErrorCode
+from tests.gateway.fair_tools import ServerProcess, server_process
+from tests.gateway.node_tools import runs, until
+from tests.support import (
+    MS,
+    WAIT,
+    Peer,
+    barrier,
+    peer,
+    peer_at,
+    running,
+    settings_for,
+    write_token_file,
+)
+
+TOOLS = """
+tools:
+  - name: gated_call
+    description: A plain sync handler that waits for the test's go file.
+    capability: t.drain
+    timeout: 0
+    handler: tests.gateway.node_tools:gated
+    parameters:
+      type: object
+      properties: {dir: {type: string}}
+      required: [dir]
+  - name: gated_job
+    description: The same, as a job.
+    capability: t.drain
+    mode: async
+    handler: tests.gateway.node_tools:gated
+    parameters:
+      type: object
+      properties: {dir: {type: string}}
+      required: [dir]
+"""
+PROFILES = "profiles:\n  demo:\n    capabilities: [t.drain]\n"
+
+
+def _config(tmp: Path) -> Path:
+    (tmp / "tools.yaml").write_text(TOOLS)
+    (tmp / "profiles.yaml").write_text(PROFILES)
+    config: dict[str, Any] = {
+        "data_dir": str(tmp / "data"),
+        "server": {"port": 0, "heartbeat_interval": 0, "drain_grace": WAIT},
+        "auth": {"token_file": str(write_token_file(tmp))},
+        "catalog": {
+            "tools": [str(tmp / "tools.yaml")],
+            "profiles": [str(tmp / "profiles.yaml")],
+            "hot_reload": False,
+        },
+        "log": {"level": "INFO", "json_logs": True},
+    }
+    path = tmp / "toolbus.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+async def _refused(port: int) -> bool:
+    """Whether 127.0.0.1:``port`` refuses a connection (a drain closed the port)."""
+    try:
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+    except OSError:
+        return True
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
+    return False
+
+
+async def _draining(srv: ServerProcess) -> None:
+    """SIGTERM, then wait until the server has closed its port: the drain began."""
+    srv.proc.send_signal(signal.SIGTERM)
+    async with asyncio.timeout(WAIT):
+        # The port is the server's state; nothing else announces the drain's start.
+        while not await _refused(srv.port):  # noqa: ASYNC110
+            await asyncio.sleep(5 * MS)
+
+
+async def _frames_to_the_close(p: Peer) -> tuple[list[str], int]:
+    """Every frame type received until the close, and the close code."""
+    async with asyncio.timeout(WAIT):
+        while True:
+            try:
+                await p.recv()
+            except ConnectionClosed as exc:
+                code = exc.rcvd.code if exc.rcvd is not None else -1
+                return [m["type"] for m in p.seen], code
+
+
+async def test_s4_j6_a_result_that_ends_within_the_grace_comes_before_the_hint(
+    tmp_path: Path,
+) -> None:
+    """SPEC S4, J6, D1: SIGTERM while the plain handler of sync call `c1` waits for its
+    go file; the drain has begun (the port is closed) when it is released, within the
+    grace. On the socket `c1`'s `result` comes before the `reconnect` hint, which is
+    the last frame, then the 1012 close. Before, the drain sent the hint as soon as the
+    worker thread was free, ahead of the result, which a client that obeys the hint at
+    once could miss on this socket."""
+    async with server_process(_config(tmp_path)) as srv, peer_at(srv.url) as p:
+        await p.invoke("c1", "gated_call", {"dir": str(tmp_path)})
+        await until(lambda: runs(tmp_path) == ["c1"], "c1's handler runs")
+        await _draining(srv)
+        (tmp_path / "go-c1").touch()
+        kinds, code = await _frames_to_the_close(p)
+        async with asyncio.timeout(WAIT):
+            assert await srv.proc.wait() == 0
+    assert code == 1012
+    assert kinds[-2:] == ["result", "reconnect"], kinds
+    assert kinds.count("reconnect") == 1, kinds
+    assert p.seen[-2]["call_id"] == "c1"
+    assert p.seen[-2]["result"] == {"summary": "c1 done"}
+
+
+async def test_s4_nothing_pushed_after_the_close_began_follows_the_hint(tmp_path: Path) -> None:
+    """SPEC S4, D1: the drain queues the ``reconnect`` hint on a socket and starts its
+    close (``Link.flush_and_close``); a frame pushed after that, before the close's
+    coroutine first runs (an event emitted in the same loop turn), is not sent: the
+    hint stays the last frame before 1012 (the event is in the log, for the next
+    socket). Before, the link took frames until that coroutine's first step, so they
+    went out after the hint."""
+    async with running(settings_for(tmp_path)) as gw, peer(gw) as p:
+        await barrier(p)
+        [handler] = [h for h in gw.handlers if h.session is not None]
+        hint = encode(m.Reconnect(reason="server restart", retry_after=0.0))
+        handler.link.push(hint)
+        closing = handler.link.flush_and_close(CloseCode.SERVICE_RESTART, "server restart")
+        handler.link.push(encode(m.Error(id="late", code=ErrorCode.UNAVAILABLE, message="late")))
+        await closing
+        kinds, code = await _frames_to_the_close(p)
+    assert code == 1012
+    assert kinds[-1] == "reconnect", kinds
+    assert "error" not in kinds, kinds
