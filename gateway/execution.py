@@ -138,34 +138,15 @@ class Execution:
 
     def _dispatch(self, call: Call, tool: ToolDef, ctx: ToolContext, info: CallInfo) -> None:
         """SPEC I9: answer ``dispatched`` at once; the job runner takes over. A job that
-        cannot be created ends the call as :meth:`_not_a_job` says."""
+        cannot be created ends the call as :func:`_not_a_job` says."""
         try:
             job_id = self.jobs.submit(call.session, tool, call.params, ctx, self._post(info))
         except BaseException as exc:
-            self._not_a_job(call, tool, exc)
+            _not_a_job(self.end, call, tool, exc)
             return
         call.job_id = job_id
         message = tool.dispatch_message or f"Started {tool.name}."
         self.end.finish(call, CallOutcome.DISPATCHED, m.Dispatched, job_id=job_id, message=message)
-
-    def _not_a_job(self, call: Call, tool: ToolDef, exc: BaseException) -> None:
-        """The call's job could not be created (SPEC I9, I14, I16): its row cannot be
-        stored (:class:`~gateway.store_rows.BadValue`) or the runner failed. The call
-        ends in one typed ``call.error``: ``unavailable`` when the store refused, else
-        ``handler_error`` "the call could not become a job: …". Cancellation and exit
-        requests propagate."""
-        if isinstance(exc, PASS_THROUGH):
-            raise exc
-        logger.warning(
-            "call %s (%s) could not become a job: %s", call.call_id, tool.name, describe(exc)
-        )
-        if isinstance(exc, StoreUnavailable):
-            text = "the store cannot keep the job right now; the call was cancelled"
-            self.end.error(call, ErrorCode.UNAVAILABLE, text, CallOutcome.UNAVAILABLE)
-            return
-        why = str(exc) if isinstance(exc, BadValue) else describe(exc)
-        text = f"the call could not become a job: {why}"
-        self.end.error(call, ErrorCode.HANDLER_ERROR, text, CallOutcome.HANDLER_ERROR)
 
     def rerun_plan(self, row: JobRow) -> tuple[ToolDef, ToolContext, PostProcess] | None:
         """How to run a stored job after a restart (SPEC J5, J6): ``None`` when its tool
@@ -219,30 +200,22 @@ class Execution:
         # thread is bounded by calls.thread_wait (then ``busy``, never started). SPEC
         # I8, J6: executing only once its handler starts; a wait is recorded (CallStart).
         start = CallStart(call, self.ledger)
-        lane, wait = self.pool, self.calls.thread_wait
+        # SPEC I14, J5: a handler that may be promoted gets its own copy of the
+        # arguments; the job a promotion creates stores the ones the call was given.
+        params = (
+            call.params if tool.promote_after is None else decode_json(encode_json(call.params))
+        )
+        wait = self.calls.thread_wait
+        handler = run_handler(
+            tool.func, params, ctx, self.pool, limit, wait=wait, on_start=start, waiter=start
+        )
         try:
             if tool.promote_after is None:
                 # Awaited in this task: a handler that answers at once costs no extra
                 # loop turn, so tool_start and result share one commit (SPEC D1).
-                value = await run_handler(
-                    tool.func,
-                    call.params,
-                    ctx,
-                    lane,
-                    limit,
-                    wait=wait,
-                    on_start=start,
-                    waiter=start,
-                )
+                value = await handler
             else:
-                # SPEC I14, J5: the handler gets its own copy of the arguments; the job
-                # a promotion creates stores the ones the call was given.
-                own = decode_json(encode_json(call.params))
-                work = asyncio.ensure_future(
-                    run_handler(
-                        tool.func, own, ctx, lane, limit, wait=wait, on_start=start, waiter=start
-                    )
-                )
+                work = asyncio.ensure_future(handler)
                 try:
                     done, _ = await asyncio.wait({work}, timeout=tool.promote_after)
                 except asyncio.CancelledError:
@@ -283,14 +256,14 @@ class Execution:
 
         A job that cannot be created (its row cannot be stored, any other failure of the
         runner) cancels the handler and ends the call with one typed ``call.error``
-        (SPEC I16, :meth:`_not_a_job`); nothing of the job is left behind."""
+        (SPEC I16, :func:`_not_a_job`); nothing of the job is left behind."""
         try:
             job_id = self.jobs.submit(
                 call.session, tool, call.params, ctx, self._post(info), adopt=work
             )
         except BaseException as exc:
             work[0].cancel()
-            self._not_a_job(call, tool, exc)
+            _not_a_job(self.end, call, tool, exc)
             return
         call.job_id = job_id
         _in_flight_until_done(call.session, work[0])
@@ -313,3 +286,23 @@ def _in_flight_until_done(session: Session, handler: asyncio.Future[Any]) -> Non
 def _unpromoted(session: Session) -> None:
     """A promoted call's handler returned: it no longer counts in flight (SPEC E2)."""
     session.promoted -= 1
+
+
+def _not_a_job(end: CallEnd, call: Call, tool: ToolDef, exc: BaseException) -> None:
+    """The call's job could not be created (SPEC I9, I14, I16): its row cannot be
+    stored (:class:`~gateway.store_rows.BadValue`) or the runner failed. The call
+    ends in one typed ``call.error``: ``unavailable`` when the store refused, else
+    ``handler_error`` "the call could not become a job: …". Cancellation and exit
+    requests propagate."""
+    if isinstance(exc, PASS_THROUGH):
+        raise exc
+    logger.warning(
+        "call %s (%s) could not become a job: %s", call.call_id, tool.name, describe(exc)
+    )
+    if isinstance(exc, StoreUnavailable):
+        text = "the store cannot keep the job right now; the call was cancelled"
+        end.error(call, ErrorCode.UNAVAILABLE, text, CallOutcome.UNAVAILABLE)
+        return
+    why = str(exc) if isinstance(exc, BadValue) else describe(exc)
+    text = f"the call could not become a job: {why}"
+    end.error(call, ErrorCode.HANDLER_ERROR, text, CallOutcome.HANDLER_ERROR)
