@@ -61,10 +61,14 @@ class CallStart(Start):
 
     def waiting(self) -> None:
         """SPEC J6: the handler waits for a worker thread from now on; the call's ledger
-        row says it has not started (durable with the next flush)."""
+        row says it has not started, durable at the next loop turn's flush (scheduled
+        here: a session that gets no ungated ``tool_start`` sends no frame that would
+        bring one, and the row would stay staged for as long as the server is idle)."""
         if self.then is None:  # else promoted already: its job's queued row is the record
             call = self._call
             self._waited = self._ledger.waiting(call.session, call.call_id)
+            if self._waited:
+                call.session.outbox.soon()
 
     def begin(self) -> Awaitable[None] | None:
         """The call's own start: executing now, or, after a recorded wait, once its

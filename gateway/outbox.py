@@ -412,6 +412,14 @@ class Outbox:
         safe there."""
         return self.queued >= BURST and self.failing_since is None and self.flush()
 
+    def soon(self) -> None:
+        """Flush at the next loop turn, queued frames or not: rows staged with no frame
+        to send (a call's wait for a worker thread, SPEC J6) become durable then instead
+        of at whatever flush some other frame brings."""
+        if not self._scheduled and not self._closed:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self.flush)
+
     def commit(self) -> bool:
         """Make what is staged durable now (journal or commit), without delivering: queued
         frames still leave at the next :meth:`flush`, in order. ``False`` when the store

@@ -593,14 +593,23 @@ def replay(journal: IntentJournal, db: sqlite3.Connection, since: float | None =
 def _put_back(db: sqlite3.Connection, intent: Intent) -> bool:
     key = (intent.tenant, intent.user, intent.call_id)
     found = db.execute(
-        "SELECT created_at FROM call_ledger WHERE tenant=? AND user=? AND call_id=?", key
+        "SELECT created_at, state FROM call_ledger WHERE tenant=? AND user=? AND call_id=?", key
     ).fetchone()
-    if found is not None and found[0] >= intent.created_at:
-        return False  # this call's row (or a later one's) was committed: a spent entry
-    # No row, or an older one: the key was used again after its window, before the
-    # purge deleted the old row (SPEC I15), and this run was never committed.
-    row = LedgerRow(*key, intent.tool, intent.params_hash, "running", None, intent.created_at)
-    db.execute("INSERT OR REPLACE INTO call_ledger VALUES (?,?,?,?,?,?,?,?)", ledger_values(row))
+    if found is not None and (
+        found[0] > intent.created_at or (found[0] == intent.created_at and found[1] != "running")
+    ):
+        return False  # this call's end (or a later call's row) was committed: spent
+    if found is None or found[0] < intent.created_at:
+        # No row, or an older one: the key was used again after its window, before the
+        # purge deleted the old row (SPEC I15), and this run was never committed.
+        row = LedgerRow(*key, intent.tool, intent.params_hash, "running", None, intent.created_at)
+        db.execute(
+            "INSERT OR REPLACE INTO call_ledger VALUES (?,?,?,?,?,?,?,?)", ledger_values(row)
+        )
+    # Else this call's own ``running`` row, staged again while it ran (its wait for a
+    # worker thread, or its start after it, SPEC J6) and written by a batch entry: it
+    # stays, but the call row the entry never carried (it stayed held) is put back, or
+    # the resumed session would never get the call's end (SPEC I12, D3).
     note = None if intent.note is None else intent.note.encode()
     # The call row only while its session lives (an ended session's rows are gone), and
     # never over a row the session already has (a recorded outcome stays, SPEC I12).

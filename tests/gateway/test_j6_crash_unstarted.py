@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import sqlite3
 import threading
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +34,9 @@ from protocol.errors import ErrorCode
 from tests.gateway.store_faults import until
 from tests.pg_support import store_backend  # noqa: F401 (fixture: SQLite, PostgreSQL)
 from tests.support import (
+    MS,
     WAIT,
+    barrier,
     peer,
     peer_at,
     resume_fields,
@@ -102,7 +106,7 @@ async def let_go(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     return {"released": params["call_id"]}
 
 
-def crash_settings(tmp: Path) -> Any:
+def crash_settings(tmp: Path, **sections: Any) -> Any:
     """The same settings for the killed server and the next one: one worker thread for
     calls (a call waits while another holds it, up to a minute), data in ``tmp``; the
     store is SQLite, or PostgreSQL when ``TOOLBUS_STORE__URL`` says so."""
@@ -120,6 +124,7 @@ def crash_settings(tmp: Path) -> Any:
             "thread_wait": WAIT * 6,
             "default_timeout": 0,
         },
+        **sections,
     )
 
 
@@ -193,6 +198,11 @@ class DurableLedger:
             except orjson.JSONDecodeError:
                 continue  # empty, or an entry being appended right now
         return [w for entry in entries if isinstance(entry, dict) for w in entry["writes"]]
+
+    def owed(self) -> bool:
+        """Whether the SQLite journal holds writes whose commit is still owed (its
+        ``settle_after`` timer runs); never on PostgreSQL."""
+        return self._pg is None and bool(self._journaled())
 
     def unstarted(self, call_id: str) -> bool:
         """Whether the durable row says the call's handler has not started (SPEC J6)."""
@@ -288,4 +298,93 @@ async def test_j6_a_call_that_waited_then_started_is_reported_cut_off_while_it_r
         async with peer(gw) as other:
             await other.invoke("c1", "die_at_start", {})
             assert _error(await other.terminal("c1")) == _error(answer)
+    assert runs(settings.data_dir) == ["h1", "c1"]
+
+
+def _thread_waiters(port: int) -> int:
+    """The calls lane's waiters now, from the server's ``/metrics`` (SPEC O2)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=WAIT) as answer:
+        text = answer.read().decode()
+    found = re.search(r'toolbus_tracked\{kind="calls_thread_waiters"\} (\S+)', text)
+    assert found is not None, "the waiters gauge"
+    return int(float(found.group(1)))
+
+
+async def test_j6_a_quiet_call_waiting_for_a_thread_is_recorded_durably(
+    tmp_path: Path,
+    store_backend: str,  # noqa: F811
+) -> None:
+    """SPEC J6, I12: a session that gets ``tool_start`` only for gated calls sends
+    nothing when `c1` starts waiting for the thread `h1` holds, and nothing else happens
+    on the server: the record that `c1` has not started still becomes durable at once,
+    and after a SIGKILL the resumed session gets `c1` ``unavailable`` "did not run" (not
+    ``cancelled`` "while this call ran", which it never did) and `h1` ``cancelled``."""
+    settings = crash_settings(tmp_path)
+    ledger = DurableLedger(settings.data_dir, store_backend)
+    gated = {"options": {"tool_start": "gated"}}
+    try:
+        async with (
+            script_server(SERVER_SCRIPT, str(tmp_path)) as first,
+            peer_at(f"ws://127.0.0.1:{first.port}/", **gated) as p,
+        ):
+            await p.invoke("h1", "hold", {})
+            await until(lambda: runs(settings.data_dir) == ["h1"], "h1 to hold the one thread")
+            # SQLite: no commit the journal owes is pending (none would come by chance).
+            await until(lambda: not ledger.owed(), "the journal's owed commit")
+            await p.invoke("c1", "hold", {})
+            async with asyncio.timeout(WAIT):  # another process's state: polled
+                while await asyncio.to_thread(_thread_waiters, first.port) != 1:  # noqa: ASYNC110
+                    await asyncio.sleep(MS)
+            await until(lambda: ledger.unstarted("c1"), "c1's wait recorded durably")
+            await first.crash()
+        assert first.proc.returncode == -9
+    finally:
+        ledger.close()
+    assert runs(settings.data_dir) == ["h1"]
+    async with running(settings) as gw:
+        async with peer(gw, **resume_fields(p, 0), **gated) as again:
+            assert again.welcome["resumed"] is True
+            seen = await barrier(again)
+        ends = {m["call_id"]: _error(m) for m in seen if m["type"] == "call.error"}
+        assert ends == {
+            "c1": ("call.error", ErrorCode.UNAVAILABLE, UNSTARTED),
+            "h1": ("call.error", ErrorCode.CANCELLED, RESTARTED),
+        }
+    assert runs(settings.data_dir) == ["h1"]
+
+
+async def test_j6_a_journaled_call_that_waited_then_started_gets_its_end_after_a_crash(
+    tmp_path: Path,
+    store_backend: str,  # noqa: F811
+) -> None:
+    """SPEC J6, I12, D3: in a session that gets ``tool_start`` only for gated calls (on
+    SQLite its calls are journaled at admission), `c1` waits for the thread `h1` holds,
+    gets it (`h1` let go, it ends) and kills the server at its handler's start. The
+    resumed session gets, with no re-send, `c1`'s ``cancelled`` "while this call ran"."""
+    settings = crash_settings(tmp_path)
+    ledger = DurableLedger(settings.data_dir, store_backend)
+    gated = {"options": {"tool_start": "gated"}}
+    try:
+        async with (
+            script_server(SERVER_SCRIPT, str(tmp_path)) as first,
+            peer_at(f"ws://127.0.0.1:{first.port}/", **gated) as p,
+        ):
+            await p.invoke("h1", "hold", {})
+            await until(lambda: runs(settings.data_dir) == ["h1"], "h1 to hold the one thread")
+            await p.invoke("c1", "die_at_start", {})
+            await until(lambda: ledger.unstarted("c1"), "c1's wait recorded durably")
+            await p.invoke("r1", "let_go", {"call_id": "h1"})
+            async with asyncio.timeout(WAIT):
+                await first.proc.wait()  # c1's handler killed it
+        assert first.proc.returncode == -9
+    finally:
+        ledger.close()
+    assert runs(settings.data_dir) == ["h1", "c1"]
+    async with running(settings) as gw:
+        async with peer(gw, **resume_fields(p, 0), **gated) as again:
+            assert again.welcome["resumed"] is True
+            seen = await barrier(again)
+        ends = {m["call_id"]: _error(m) for m in seen if m["type"] in ("call.error", "result")}
+        assert ends["c1"] == ("call.error", ErrorCode.CANCELLED, RESTARTED)
+        assert ends["h1"] == ("result", "", "")  # let go before c1 started
     assert runs(settings.data_dir) == ["h1", "c1"]
