@@ -30,6 +30,7 @@ from tests.support import (
     barrier,
     peer,
     peer_at,
+    resume_fields,
     running,
     settings_for,
     write_token_file,
@@ -153,3 +154,92 @@ async def test_s4_nothing_pushed_after_the_close_began_follows_the_hint(tmp_path
     assert code == 1012
     assert kinds[-1] == "reconnect", kinds
     assert "error" not in kinds, kinds
+
+
+D1_TOOLS = (
+    TOOLS
+    + """
+  - name: gated_approval
+    description: The plain handler behind an approval.
+    capability: t.drain
+    timeout: 0
+    requires_approval: true
+    handler: tests.gateway.node_tools:gated
+    parameters:
+      type: object
+      properties: {dir: {type: string}}
+      required: [dir]
+  - name: coro_call
+    description: An async def sync handler that waits for the test's go file.
+    capability: t.drain
+    timeout: 0
+    handler: tests.gateway.test_s4_drain_order:await_go
+    parameters:
+      type: object
+      properties: {dir: {type: string}}
+      required: [dir]
+  - name: coro_job
+    description: The same, as a job.
+    capability: t.drain
+    mode: async
+    handler: tests.gateway.test_s4_drain_order:await_go
+    parameters:
+      type: object
+      properties: {dir: {type: string}}
+      required: [dir]
+"""
+)
+
+
+async def await_go(params: dict[str, Any], ctx: Any) -> dict[str, Any]:
+    """An ``async def`` handler: record its start, then wait for ``go-<call_id>``."""
+    folder = Path(params["dir"])
+    with (folder / "runs").open("a") as started:
+        started.write(ctx.call_id + "\n")
+    # The tool's own wait on a file another process writes: no event to await.
+    while not (folder / f"go-{ctx.call_id}").exists():  # noqa: ASYNC110
+        await asyncio.sleep(5 * MS)
+    return {"summary": f"{ctx.call_id} done"}
+
+
+async def test_s4_d1_d3_every_event_of_a_drain_is_replayed_once_in_order_after_restart(
+    tmp_path: Path,
+) -> None:
+    """SPEC S4, D1, D3: SIGTERM while a plain sync call, a plain job, a gated call
+    waiting for approval, an ``async def`` sync call and an ``async def`` job are in
+    flight; the plain ones end within the grace. After the drain a restarted server
+    resumes the session from ``last_seq`` 0: every event seen on the drained socket
+    is replayed with the same seq and type, the replay is gap-free from 1, each seq
+    once, in order, and nothing seen live is missing from it."""
+    config = _config(tmp_path)
+    (tmp_path / "tools.yaml").write_text(D1_TOOLS)
+    folder = {"dir": str(tmp_path)}
+    async with server_process(config) as srv, peer_at(srv.url) as p:
+        await p.invoke("c1", "gated_call", folder)
+        await p.invoke("j1", "gated_job", folder)
+        await p.invoke("a1", "coro_call", folder)
+        await p.invoke("k1", "coro_job", folder)
+        await p.invoke("g1", "gated_approval", folder)
+        await p.expect("tool_start", call_id="g1")
+        await until(lambda: sorted(runs(tmp_path)) == ["a1", "c1", "j1", "k1"], "all run")
+        fields = resume_fields(p, 0)
+        await _draining(srv)
+        (tmp_path / "go-c1").touch()
+        (tmp_path / "go-j1").touch()
+        kinds, code = await _frames_to_the_close(p)
+        async with asyncio.timeout(WAIT):
+            assert await srv.proc.wait() == 0
+    assert code == 1012
+    assert kinds[-1] == "reconnect", kinds
+    live = {msg["seq"]: msg for msg in p.seen if "seq" in msg}
+    async with server_process(config) as srv, peer_at(srv.url, **fields) as q:
+        assert q.welcome["resumed"] is True, q.welcome
+        replay = [msg for msg in await barrier(q) if "seq" in msg]
+    seqs = [msg["seq"] for msg in replay]
+    assert seqs == list(range(1, len(seqs) + 1)), seqs
+    for seq, msg in live.items():
+        assert seq in seqs, (seq, msg["type"], seqs)
+        assert replay[seq - 1]["type"] == msg["type"], (seq, msg, replay[seq - 1])
+    ended = {(msg["type"], msg.get("call_id")) for msg in replay}
+    assert ("result", "c1") in ended, replay
+    assert any(kind == "job.done" and call == "j1" for kind, call in ended), replay
