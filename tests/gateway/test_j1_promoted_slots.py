@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from collections import deque
 from pathlib import Path
 from types import SimpleNamespace
@@ -38,6 +39,12 @@ tools:
     capability: r.basic
     mode: async
     handler: tests.gateway.test_j1_promoted_slots:held
+  - name: promo_thread
+    description: A plain sync call promoted after 50 ms; holds its thread until released.
+    capability: r.basic
+    timeout: 0
+    promote_after: 0.05
+    handler: tests.gateway.test_j1_promoted_slots:held_thread
 """
 PROFILES = "profiles:\n  demo:\n    capabilities: [r.basic]\n"
 
@@ -58,6 +65,18 @@ async def held(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     return {"summary": f"{ctx.call_id} done"}
 
 
+THREAD_STARTED = threading.Event()
+THREAD_RELEASE = threading.Event()
+
+
+def held_thread(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+    """In its worker thread: say it started, then wait for the test's release (it does
+    not look at ``ctx.cancelled``: a thread cannot be interrupted)."""
+    THREAD_STARTED.set()
+    THREAD_RELEASE.wait(WAIT)
+    return {"summary": f"{ctx.call_id} done"}
+
+
 async def _started(call_id: str) -> None:
     async with asyncio.timeout(WAIT):
         await _event(STARTED, call_id).wait()
@@ -67,7 +86,7 @@ async def _dispatch(p: Peer, call_id: str, tool: str) -> str:
     await p.invoke(call_id, tool, {})
     reply = await p.terminal(call_id)
     assert reply["type"] == "dispatched", reply
-    assert reply["promoted"] is (tool == "promo"), reply
+    assert reply["promoted"] is tool.startswith("promo"), reply
     return str(reply["job_id"])
 
 
@@ -85,6 +104,8 @@ def _settings(tmp: Path, jobs: dict[str, int]) -> Any:
 def _fresh() -> None:
     STARTED.clear()
     RELEASE.clear()
+    THREAD_STARTED.clear()
+    THREAD_RELEASE.clear()
 
 
 @pytest.mark.parametrize(
@@ -194,3 +215,33 @@ async def test_j1_f33_slots_given_back_by_cancelled_waiters_reach_the_next_one()
     assert not holding["granted"].is_set()
     assert slots.tracked() == {"job_session_bounds": 0, "job_user_bounds": 0}
     assert (slots._global.held, slots._global._waiters) == (0, deque())
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a cancelled promoted job gives its slots back when its job ends, not when "
+    "its plain handler's thread returns (JobRunner._run leaves JobSlots.take at the "
+    "cancel); fix: hold the slots until the adopted handler's worker thread is freed",
+)
+async def test_j1_i14_a_cancelled_promoted_plain_job_holds_its_slot_until_its_thread_returns(
+    tmp_path: Path,
+) -> None:
+    """SPEC J1, I14, E3 (docs/configuration.md ``jobs.max_concurrent``: a promoted call
+    counts "from its promotion until its handler returns"): with ``max_concurrent`` 1,
+    call `p1`'s plain handler is promoted, then `job.cancel` ends its job `cancelled`
+    while the handler still runs in its thread (a thread cannot be interrupted). Job
+    `j2` submitted then must wait `queued` until that handler returns."""
+    async with running(_settings(tmp_path, {"max_concurrent": 1})) as gw, peer(gw) as p:
+        first = await _dispatch(p, "p1", "promo_thread")
+        assert await asyncio.to_thread(THREAD_STARTED.wait, WAIT)
+        await p.send({"type": "job.cancel", "id": "x1", "job_id": first})
+        await p.expect("job.cancelled", job_id=first)
+        second = await _dispatch(p, "j2", "held_job")
+        try:
+            assert await _state(p, second) == "queued"
+            assert not _event(STARTED, "j2").is_set()
+        finally:
+            THREAD_RELEASE.set()
+            _event(RELEASE, "j2").set()
+        await p.expect("job.done", job_id=second)
+        assert gw.tracked()["job_session_bounds"] == 0
