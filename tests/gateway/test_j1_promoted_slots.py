@@ -245,3 +245,50 @@ async def test_j1_i14_a_cancelled_promoted_plain_job_holds_its_slot_until_its_th
             _event(RELEASE, "j2").set()
         await p.expect("job.done", job_id=second)
         assert gw.tracked()["job_session_bounds"] == 0
+
+
+async def test_j1_e3_fifty_submitters_never_pass_a_bound_and_leave_nothing_held() -> None:
+    """SPEC J1, E3, case F33: 50 jobs of 5 users x 2 sessions submitted at once under
+    ``max_concurrent`` 4, ``max_per_user`` 2, ``max_per_session`` 1; every fifth is
+    cancelled while queued, every seventh raises inside its slot, two promotions take
+    slots past the bounds meanwhile. No bound is ever passed by the waiting jobs, all
+    the others run, and every count is back to zero with no entry left."""
+    slots = JobSlots(JobsConfig(max_concurrent=4, max_per_user=2, max_per_session=1))
+    sessions: list[Any] = [
+        SimpleNamespace(id=f"s{u}-{k}", tenant=None, user=f"u{u}") for u in range(5) for k in (0, 1)
+    ]
+    now = {"all": 0, **{s.id: 0 for s in sessions}, **{s.user: 0 for s in sessions}}
+    peak = dict.fromkeys(now, 0)
+    ran: list[int] = []
+
+    async def job(n: int, session: Any) -> None:
+        async with slots.hold(session):
+            for key in ("all", session.id, session.user):
+                now[key] += 1
+                peak[key] = max(peak[key], now[key])
+            try:
+                ran.append(n)
+                await asyncio.sleep(0)
+                if n % 7 == 3:
+                    raise ValueError(n)
+                await asyncio.sleep(0)
+            finally:
+                for key in ("all", session.id, session.user):
+                    now[key] -= 1
+
+    tasks = [asyncio.create_task(job(n, sessions[n % 10])) for n in range(50)]
+    await asyncio.sleep(0)
+    cancelled = [t for n, t in enumerate(tasks) if n % 5 == 4 and not t.done()]
+    for task in cancelled:
+        task.cancel()
+    with slots.take(sessions[0]), slots.take(sessions[3]):
+        for _ in range(20):  # the others go on meanwhile, past the two taken slots
+            await asyncio.sleep(0)
+    async with asyncio.timeout(WAIT):
+        await asyncio.gather(*tasks, return_exceptions=True)
+    # The peaks count the waiting jobs only (the taken slots leave them fewer).
+    assert peak["all"] <= 4, peak
+    assert all(peak[s.id] <= 1 and peak[s.user] <= 2 for s in sessions), peak
+    assert len(ran) == 50 - sum(t.cancelled() for t in tasks)
+    assert slots.tracked() == {"job_session_bounds": 0, "job_user_bounds": 0}
+    assert (slots._global.held, slots._global._waiters) == (0, deque())
