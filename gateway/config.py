@@ -180,7 +180,9 @@ class JobsConfig(_Section):
     (SPEC I14) counts, in this bound and the two below, from its promotion until its
     handler returns: it takes its slot at once, even past the bound (its handler runs
     already), and jobs submitted after it wait ``queued`` until the count is back
-    under the bound."""
+    under the bound. Every job holds its slots until its handler really returns: a
+    plain handler whose job was cancelled or timed out runs on in its thread (it cannot
+    be interrupted), and the slots stay taken until it returns."""
     max_per_session: int = Field(8, ge=1)
     """Jobs running at once per session; more wait ``queued`` (SPEC J1)."""
     max_per_user: int = Field(32, ge=1)

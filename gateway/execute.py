@@ -29,13 +29,17 @@ class Start:
         then: what the start does now (an ``on_start``: it may return an awaitable, and
             raising stops the handler from starting); ``None``: :meth:`begin`.
         started: ``True`` once the start was reached.
+        returned: for a handler that may be promoted, done once it really returned (the
+            ``returned`` of :func:`run_handler`): the job that adopts it holds its slots
+            until then (SPEC J1, I14); ``None`` otherwise.
     """
 
-    __slots__ = ("started", "then")
+    __slots__ = ("returned", "started", "then")
 
     def __init__(self, then: Callable[[], Awaitable[None] | None] | None = None) -> None:
         self.then = then
         self.started = False
+        self.returned: asyncio.Future[None] | None = None
 
     def __call__(self) -> Awaitable[None] | None:
         self.started = True
@@ -60,6 +64,7 @@ async def run_handler(
     wait: float | None = None,
     on_start: Callable[[], Awaitable[None] | None] | None = None,
     waiter: Waiter | None = None,
+    returned: asyncio.Future[None] | None = None,
 ) -> Any:
     """Call ``func(params, ctx)`` without ever blocking the event loop (SPEC S3, E3).
 
@@ -89,12 +94,17 @@ async def run_handler(
             (:meth:`Lane.acquire <gateway.workers.Lane.acquire>`; SPEC J6: a sync call
             records then that it has not started). Not told when a slot is free at once,
             nor for a coroutine function.
+        returned: set once the handler really returned: a plain one when its thread
+            did, even after a cancel or the timeout (the thread runs on, SPEC E3); at
+            once otherwise (a coroutine, a handler that never started). A job holds its
+            slots until then (SPEC J1, :class:`gateway.job_slots.Claim`).
 
     SPEC A7: ``ctx.recheck()`` runs right before the handler starts, after every wait
     (on the loop, once a slot is held; again after ``on_start``'s awaitable); the
     :class:`gateway.authority.Lapse` it raises propagates and the handler never runs.
     """
     loop = asyncio.get_running_loop()
+    in_thread = False
     try:
         if _is_async(func):
             ctx.recheck()
@@ -119,11 +129,16 @@ async def run_handler(
         except BaseException:
             lane.cancel(slot)
             raise
+        thread = lane.start(slot, functools.partial(func, params, ctx), returned)
+        in_thread = True
         async with asyncio.timeout(limit):
-            return await lane.start(slot, functools.partial(func, params, ctx))
+            return await thread
     except (asyncio.CancelledError, TimeoutError):
         ctx.cancelled.set()
         raise
+    finally:
+        if returned is not None and not in_thread and not returned.done():
+            returned.set_result(None)
 
 
 async def _limited(coro: Coroutine[Any, Any, Any], deadline: float) -> Any:

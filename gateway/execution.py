@@ -202,12 +202,21 @@ class Execution:
         start = CallStart(call, self.ledger)
         # SPEC I14, J5: a handler that may be promoted gets its own copy of the
         # arguments; the job a promotion creates stores the ones the call was given.
-        params = (
-            call.params if tool.promote_after is None else decode_json(encode_json(call.params))
-        )
-        wait = self.calls.thread_wait
+        params = call.params
+        if tool.promote_after is not None:
+            params = decode_json(encode_json(params))
+            # SPEC J1: a job that adopts the handler holds its slots until it returned.
+            start.returned = asyncio.get_running_loop().create_future()
         handler = run_handler(
-            tool.func, params, ctx, self.pool, limit, wait=wait, on_start=start, waiter=start
+            tool.func,
+            params,
+            ctx,
+            self.pool,
+            limit,
+            wait=self.calls.thread_wait,
+            on_start=start,
+            waiter=start,
+            returned=start.returned,
         )
         try:
             if tool.promote_after is None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import ExitStack, asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,24 +68,6 @@ class _Bound:
                 waiter.set_result(None)
 
 
-@asynccontextmanager
-async def _waited(bound: _Bound) -> AsyncIterator[None]:
-    await bound.acquire()
-    try:
-        yield
-    finally:
-        bound.release()
-
-
-@contextmanager
-def _taken(bound: _Bound) -> Iterator[None]:
-    bound.take()
-    try:
-        yield
-    finally:
-        bound.release()
-
-
 @contextmanager
 def _entry(table: dict[Any, _Bound], key: Any, limit: int) -> Iterator[_Bound]:
     """``key``'s bound in ``table`` while the context is open; the entry is deleted when
@@ -116,35 +98,53 @@ class JobSlots:
         self._per_user: dict[tuple[str | None, str], _Bound] = {}
 
     @asynccontextmanager
-    async def hold(self, session: Session) -> AsyncIterator[None]:
+    async def hold(self, session: Session) -> AsyncIterator[Claim]:
         """Wait for a slot of ``session``, of its user and of the server; hold all three
-        while the context is open."""
+        while the context is open, and after it while its :class:`Claim` says so."""
         # SPEC J1, E3: the session's bound, then its user's (so a user with many
         # sessions cannot take every slot), then the server's.
-        config = self._config
-        user = (session.tenant, session.user)
-        with (
-            _entry(self._per_session, session.id, config.max_per_session) as mine,
-            _entry(self._per_user, user, config.max_per_user) as users,
-        ):
-            async with _waited(mine), _waited(users), _waited(self._global):
-                yield
+        stack = self._entries(session)
+        try:
+            for bound in self._bounds(session):
+                await bound.acquire()
+                stack.callback(bound.release)
+        except BaseException:
+            stack.close()
+            raise
+        claim = Claim(stack)
+        try:
+            yield claim
+        finally:
+            claim.end()
 
     @contextmanager
-    def take(self, session: Session) -> Iterator[None]:
+    def take(self, session: Session) -> Iterator[Claim]:
         """Take a slot of ``session``, of its user and of the server at once, even past
-        their bounds, and hold them while the context is open (SPEC I14, J1: a promoted
-        call's handler, which runs already)."""
+        their bounds, and hold them while the context is open, and after it while its
+        :class:`Claim` says so (SPEC I14, J1: a promoted call's handler, which runs
+        already)."""
+        stack = self._entries(session)
+        for bound in self._bounds(session):
+            bound.take()
+            stack.callback(bound.release)
+        claim = Claim(stack)
+        try:
+            yield claim
+        finally:
+            claim.end()
+
+    def _entries(self, session: Session) -> ExitStack:
+        """The session's and its user's bound entries, open in a new stack."""
         config = self._config
-        user = (session.tenant, session.user)
-        with (
-            _entry(self._per_session, session.id, config.max_per_session) as mine,
-            _entry(self._per_user, user, config.max_per_user) as users,
-            _taken(mine),
-            _taken(users),
-            _taken(self._global),
-        ):
-            yield
+        stack = ExitStack()
+        stack.enter_context(_entry(self._per_session, session.id, config.max_per_session))
+        stack.enter_context(_entry(self._per_user, _user(session), config.max_per_user))
+        return stack
+
+    def _bounds(self, session: Session) -> tuple[_Bound, _Bound, _Bound]:
+        """The session's, its user's and the server's bound, in the order they are taken;
+        the first two exist while :meth:`_entries` holds them open."""
+        return self._per_session[session.id], self._per_user[_user(session)], self._global
 
     def tracked(self) -> dict[str, int]:
         """Entries held now (case F33): session and user job bounds."""
@@ -152,3 +152,37 @@ class JobSlots:
             "job_session_bounds": len(self._per_session),
             "job_user_bounds": len(self._per_user),
         }
+
+
+class Claim:
+    """The three slots one job holds (SPEC J1, E3, I14).
+
+    They are given back when the job's slot context ends, unless :attr:`until` is a
+    future not done then: a plain handler's worker thread, which runs on after its job
+    was cancelled or timed out (a thread cannot be interrupted, SPEC E3). Then they are
+    given back once it is done, so the jobs after it wait ``queued`` until the handler
+    really returned and the bound holds for what really runs.
+
+    Attributes:
+        until: done once the job's handler really returned; ``None``: nothing to wait
+            for (a coroutine handler, or none started).
+    """
+
+    __slots__ = ("_stack", "until")
+
+    def __init__(self, stack: ExitStack) -> None:
+        self._stack = stack
+        self.until: asyncio.Future[None] | None = None
+
+    def end(self) -> None:
+        """The job's slot context ended: give the slots back now, or once :attr:`until`
+        is done."""
+        until = self.until
+        if until is None or until.done():
+            self._stack.close()
+        else:
+            until.add_done_callback(lambda _: self._stack.close())
+
+
+def _user(session: Session) -> tuple[str | None, str]:
+    return (session.tenant, session.user)

@@ -32,7 +32,7 @@ from gateway.failures import ToolFailure, describe
 from gateway.job_drain import JobDrain
 from gateway.job_end import ActiveJob, JobEnd
 from gateway.job_progress import JobProgress
-from gateway.job_slots import JobSlots
+from gateway.job_slots import Claim, JobSlots
 from gateway.metrics import Metrics
 from gateway.session import Session
 from gateway.store import JobRow, Store
@@ -182,7 +182,7 @@ class JobRunner:
         own = params if adopt is not None else decode_json(encode_json(params))
         self.active[job_id] = job
         job.task = asyncio.get_running_loop().create_task(
-            self._run(job, tool, own, ctx, post, future)
+            self._run(job, tool, own, ctx, post, future, adopt[1].returned if adopt else None)
         )
         job.task.add_done_callback(lambda task: self._reap(job, ctx, future, task))
         return job_id
@@ -240,18 +240,22 @@ class JobRunner:
         ctx: ToolContext,
         post: PostProcess,
         adopt: asyncio.Future[Any] | None,
+        returned: asyncio.Future[None] | None = None,
     ) -> None:
         try:
             if adopt is not None:
                 # SPEC J1, I14: a promoted call's handler runs already (or waits only for
                 # its worker thread) and cannot be paused: it takes its slots at once,
-                # even past a bound, so the jobs after it wait until it returns.
-                with self._slots.take(job.session):
+                # even past a bound, so the jobs after it wait until it returns (its
+                # thread too, when the job is cancelled or times out first).
+                with self._slots.take(job.session) as claim:
+                    claim.until = returned
                     value = await adopt
             else:
-                # SPEC J1, E3: slots of the session, its user and the server.
-                async with self._slots.hold(job.session):
-                    value = await self._execute(job, tool, params, ctx)
+                # SPEC J1, E3: slots of the session, its user and the server, held until
+                # the handler really returned (Claim).
+                async with self._slots.hold(job.session) as claim:
+                    value = await self._execute(job, tool, params, ctx, claim)
             result, _ = await post(as_object(value))
             self._end.done(job, result)
         except asyncio.CancelledError:
@@ -279,7 +283,7 @@ class JobRunner:
             job.session.outbox.flush_burst()
 
     async def _execute(
-        self, job: ActiveJob, tool: ToolDef, params: dict[str, Any], ctx: ToolContext
+        self, job: ActiveJob, tool: ToolDef, params: dict[str, Any], ctx: ToolContext, claim: Claim
     ) -> Any:
         """Run the handler; the job turns ``running`` only once the handler really starts,
         after the wait for a worker thread (SPEC J6), and its timeout counts from then.
@@ -297,7 +301,10 @@ class JobRunner:
         assert func is not None
         limit = tool.timeout if tool.timeout and not tool.long_running else None
         started = _starter(job, tool, self._end, self._clock)
-        return await run_handler(func, params, ctx, self._pool, limit, on_start=started)
+        claim.until = asyncio.get_running_loop().create_future()
+        return await run_handler(
+            func, params, ctx, self._pool, limit, on_start=started, returned=claim.until
+        )
 
     def progress_of(self, job_id: str) -> tuple[float | None, str | None]:
         return self._progress.of(job_id)

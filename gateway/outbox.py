@@ -296,16 +296,15 @@ class Outbox:
     bounded per socket by its queue bound; past it the socket is closed 1013 (SPEC D5)
     and its events come back by replay (:func:`_hold`).
 
-    On the SQLite store a flush makes its events durable by one append to the store's
-    journal (:meth:`Store.journal <gateway.store.Store.journal>`), not a commit; the
-    commit it owes runs ``settle_after`` seconds later, for every flush of that time at once
-    (or sooner, when the journal fills or a read needs the file). A failure of that
-    commit is a failed commit like any other: from then on flushes commit, and hold
-    their frames, until one succeeds.
+    On SQLite a flush makes its events durable by one append to the store's journal
+    (:meth:`Store.journal <gateway.store.Store.journal>`); the commit it owes runs
+    ``settle_after`` s later for every flush of that time (sooner when the journal fills
+    or a read needs the file). If it fails, flushes commit, holding frames, until one
+    succeeds.
 
-    While commits have failed for longer than ``unavailable_after`` seconds,
-    :attr:`unavailable` is true: new calls and sessions are refused ``unavailable`` and
-    ``/readyz`` answers 503. It turns false by itself at the first good commit.
+    While commits have failed for over ``unavailable_after`` s, :attr:`unavailable` is
+    true (new calls and sessions are refused ``unavailable``, ``/readyz`` answers 503)
+    until the first good commit.
 
     Args:
         store: the store whose staged writes :meth:`flush` commits.
@@ -340,8 +339,7 @@ class Outbox:
         self.settle_after = settle_after
         self.failing_since: float | None = None
         """``time.monotonic()`` of the first failed commit of the current run of failures."""
-        self._attempts = 0
-        self._next_try = 0.0
+        self._attempts, self._next_try = 0, 0.0
         self._timer: asyncio.TimerHandle | None = None
         self._settler: asyncio.TimerHandle | None = None
         """The owed commit of journaled flushes, when one is due."""
@@ -374,9 +372,7 @@ class Outbox:
         if self._closed:
             return
         self._pending.append((recipient, data, durable))
-        if not self._scheduled:
-            self._scheduled = True
-            asyncio.get_running_loop().call_soon(self.flush)
+        self.soon()
 
     def flush(self) -> bool:
         """Commit what is staged, then deliver the queued frames in order.
@@ -406,24 +402,21 @@ class Outbox:
     def flush_burst(self) -> bool:
         """Flush now if :data:`BURST` frames or more are queued and commits do not fail
         (else ``False``; or as :meth:`flush`): jobs woken in one loop turn (P5, P5p)
-        leave in slices, each a journal append (SQLite) or a commit (PostgreSQL). While
-        commits fail the retry timer decides (each attempt may wait out a lock timeout).
-        Call it only where the caller's rows and event are all staged: a flush is as
-        safe there."""
+        leave in slices, each a journal append (SQLite) or a commit (PostgreSQL); while
+        commits fail the retry timer decides. Only where the caller's rows and event are
+        all staged."""
         return self.queued >= BURST and self.failing_since is None and self.flush()
 
     def soon(self) -> None:
-        """Flush at the next loop turn, queued frames or not: rows staged with no frame
-        to send (a call's wait for a worker thread, SPEC J6) become durable then instead
-        of at whatever flush some other frame brings."""
+        """Flush at the next loop turn, frames queued or not (rows staged with no frame,
+        a call's wait for a worker thread, SPEC J6, are durable then)."""
         if not self._scheduled and not self._closed:
             self._scheduled = True
             asyncio.get_running_loop().call_soon(self.flush)
 
     def commit(self) -> bool:
-        """Make what is staged durable now (journal or commit), without delivering: queued
-        frames still leave at the next :meth:`flush`, in order. ``False`` when the store
-        could not (or the outbox is closed)."""
+        """Make what is staged durable now, without delivering (queued frames leave at
+        the next :meth:`flush`); ``False`` when the store could not, or closed."""
         return not self._closed and self._commit()
 
     def durable(self, at_once: bool = True) -> asyncio.Future[bool]:

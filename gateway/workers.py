@@ -328,8 +328,14 @@ class Lane:
             f"{len(self._busy)} of {self.size}"
         )
 
-    def start(self, slot: Slot, func: Callable[[], Any]) -> asyncio.Future[Any]:
+    def start(
+        self, slot: Slot, func: Callable[[], Any], returned: asyncio.Future[None] | None = None
+    ) -> asyncio.Future[Any]:
         """Run ``func()`` in a thread under ``slot``; the slot is freed when it returns.
+
+        ``returned``, when given, is set (on the loop) once ``func`` really returned, also
+        after the returned future was cancelled (SPEC E3, J1: a job's slots are held until
+        then, :class:`gateway.job_slots.Claim`).
 
         Returns:
             A future of ``func``'s value or exception. Cancelling it (a timeout) marks the
@@ -341,6 +347,8 @@ class Lane:
 
         def finish(ok: bool, value: Any) -> None:
             self._release(slot)
+            if returned is not None and not returned.done():
+                returned.set_result(None)
             if result.done():
                 return
             if ok:

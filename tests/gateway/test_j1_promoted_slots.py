@@ -45,6 +45,11 @@ tools:
     timeout: 0
     promote_after: 0.05
     handler: tests.gateway.test_j1_promoted_slots:held_thread
+  - name: thread_job
+    description: An async job with a plain handler; holds its thread until released.
+    capability: r.basic
+    mode: async
+    handler: tests.gateway.test_j1_promoted_slots:held_thread
 """
 PROFILES = "profiles:\n  demo:\n    capabilities: [r.basic]\n"
 
@@ -217,22 +222,18 @@ async def test_j1_f33_slots_given_back_by_cancelled_waiters_reach_the_next_one()
     assert (slots._global.held, slots._global._waiters) == (0, deque())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a cancelled promoted job gives its slots back when its job ends, not when "
-    "its plain handler's thread returns (JobRunner._run leaves JobSlots.take at the "
-    "cancel); fix: hold the slots until the adopted handler's worker thread is freed",
-)
-async def test_j1_i14_a_cancelled_promoted_plain_job_holds_its_slot_until_its_thread_returns(
-    tmp_path: Path,
+@pytest.mark.parametrize("tool", ["promo_thread", "thread_job"])
+async def test_j1_i14_a_cancelled_plain_job_holds_its_slot_until_its_thread_returns(
+    tmp_path: Path, tool: str
 ) -> None:
-    """SPEC J1, I14, E3 (docs/configuration.md ``jobs.max_concurrent``: a promoted call
-    counts "from its promotion until its handler returns"): with ``max_concurrent`` 1,
-    call `p1`'s plain handler is promoted, then `job.cancel` ends its job `cancelled`
-    while the handler still runs in its thread (a thread cannot be interrupted). Job
-    `j2` submitted then must wait `queued` until that handler returns."""
+    """SPEC J1, I14, E3 (docs/configuration.md ``jobs.max_concurrent``: a job holds its
+    slots until its handler really returns): with ``max_concurrent`` 1, job `p1` runs a
+    plain handler (a promoted sync call, or an async tool's job), then `job.cancel` ends
+    it `cancelled` while the handler still runs in its thread (a thread cannot be
+    interrupted). Job `j2` submitted then waits `queued` until that handler returns,
+    then runs. Before, `j2` ran at once beside it."""
     async with running(_settings(tmp_path, {"max_concurrent": 1})) as gw, peer(gw) as p:
-        first = await _dispatch(p, "p1", "promo_thread")
+        first = await _dispatch(p, "p1", tool)
         assert await asyncio.to_thread(THREAD_STARTED.wait, WAIT)
         await p.send({"type": "job.cancel", "id": "x1", "job_id": first})
         await p.expect("job.cancelled", job_id=first)
