@@ -12,13 +12,19 @@ many frames wait in the outbox when it starts.
 
 from __future__ import annotations
 
+import contextlib
+import os
 from pathlib import Path
 
 import pytest
 
+from protocol.errors import ErrorCode
 from tests.gateway import ledger_tools as lt
+from tests.gateway import test_j6_crash_promoted as cp
+from tests.gateway import test_j6_crash_unstarted as cu
+from tests.gateway.store_faults import until
 from tests.pg_support import fresh_schema
-from tests.support import peer, running
+from tests.support import peer, peer_at, resume_fields, running, script_server
 
 
 async def _decided(tmp_path: Path, decision: str) -> tuple[list[int], list[str], str]:
@@ -66,3 +72,65 @@ async def test_a5_a_denied_call_never_starts_its_handler(tmp_path: Path) -> None
     queued, after, _ = await _decided(tmp_path, "deny")
     assert queued == []
     assert after == ["confirm.result", "tool.resolved", "result"]
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+async def test_a3_an_allowed_call_waiting_for_a_thread_at_a_crash_says_it_did_not_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str
+) -> None:
+    """SPEC A3, J6, I15: gated `c1` is allowed while the one worker thread is held by
+    `h1`, so its handler waits for the thread; the server is SIGKILLed once the wait is
+    durable. After the restart the resumed session gets `c1`'s `tool.resolved`
+    `allowed` by the user (the decision was durable before the handler), then
+    ``unavailable`` "did not run"; a second `allow` is not accepted, a re-send answers
+    the same, and `c1` never ran."""
+    with contextlib.ExitStack() as stack:
+        if backend == "postgresql":
+            monkeypatch.setenv("TOOLBUS_STORE__URL", stack.enter_context(fresh_schema()))
+            backend = os.environ["TOOLBUS_STORE__URL"]
+        else:
+            monkeypatch.delenv("TOOLBUS_STORE__URL", raising=False)
+        await _allowed_waiting_then_killed(tmp_path, backend)
+
+
+async def _allowed_waiting_then_killed(tmp_path: Path, backend: str) -> None:
+    settings = cp.promoted_settings(tmp_path)
+    ledger = cu.DurableLedger(settings.data_dir, backend)
+    try:
+        async with (
+            script_server(cp.SERVER_SCRIPT, str(tmp_path)) as first,
+            peer_at(f"ws://127.0.0.1:{first.port}/") as p,
+        ):
+            await p.invoke("h1", "hold", {})
+            await until(lambda: cu.runs(settings.data_dir) == ["h1"], "h1 to hold the thread")
+            await p.invoke("c1", "gated_note", {})
+            start = await p.expect("tool_start", call_id="c1")
+            confirm = {"type": "tool.confirm", "approval_id": start["approval_id"]}
+            await p.send({**confirm, "id": "r1", "decision": "allow"})
+            await p.expect("confirm.result", id="r1")
+            await until(lambda: ledger.unstarted("c1"), "c1's wait recorded durably")
+            await first.crash()
+        assert first.proc.returncode == -9
+    finally:
+        ledger.close()
+    assert cu.runs(settings.data_dir) == ["h1"]
+    async with running(settings) as gw:
+        async with peer(gw, **resume_fields(p, start["seq"])) as again:
+            assert again.welcome["resumed"] is True
+            end = await again.terminal("c1")
+            seen = again.seen[: again.seen.index(end)]
+            resolved = [m for m in seen if m["type"] == "tool.resolved" and m["call_id"] == "c1"]
+            assert [(m["resolution"], m["reason"]) for m in resolved] == [("allowed", "user")]
+            assert (end["type"], end["code"], end["message"]) == (
+                "call.error",
+                ErrorCode.UNAVAILABLE,
+                cu.UNSTARTED,
+            ), end
+            await again.send({**confirm, "id": "r2", "decision": "allow"})
+            late = await again.expect("confirm.result", id="r2")
+            assert late["accepted"] is False, late
+        async with peer(gw) as other:
+            await other.invoke("c1", "gated_note", {})
+            resent = await other.terminal("c1")
+            assert (resent["type"], resent.get("code")) == ("call.error", ErrorCode.UNAVAILABLE)
+    assert cu.runs(settings.data_dir) == ["h1"]
