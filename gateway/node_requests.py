@@ -9,7 +9,8 @@ does not hold. B writes a row to ``node_requests`` and notifies every node
 row (``DELETE ... RETURNING``: exactly one node acts on it) and applies it as if its own
 socket had sent it (:meth:`NodeRequests.sweep`). What that produces (``tool.resolved``,
 the call's result, ``job.cancelled``) reaches the client on B through the inbox
-(:mod:`gateway.pg_fence`). Rows nobody holds are dropped after :data:`REQUEST_TTL`.
+(:mod:`gateway.pg_fence`). Rows nobody holds are dropped after :data:`REQUEST_TTL`
+(judged on the earlier of the sweeping node's clock and the database's).
 
 A routed decision is answered as the node that holds its target would answer it (SPEC
 A3, A4): the call's note names the ``expires_at`` that ``tool_start`` or
@@ -266,12 +267,15 @@ class NodeRequests:
         )
 
     def sweep(self) -> None:
-        """Apply the stored requests whose target this node holds, each once."""
+        """Apply the stored requests whose target this node holds, each once, whatever
+        their age; then drop those nobody held for :data:`REQUEST_TTL` seconds.
+
+        A row's ``created_at`` is the routing node's clock (SPEC A4: the holder judges
+        the decision by it), not this node's: its age is judged on the earlier of this
+        node's clock and the database's, so a node whose clock runs ahead never drops
+        a request another node routed a moment ago (SPEC N3, A3: it was answered
+        ``accepted``)."""
         try:
-            self._store.link.execute(
-                "DELETE FROM node_requests WHERE created_at < %s",
-                (self._clock() - REQUEST_TTL,),
-            )
             rows = self._store.link.read(
                 'SELECT id, kind, session_id, "user", target, decision, created_at '
                 "FROM node_requests ORDER BY id"
@@ -280,6 +284,11 @@ class NodeRequests:
                 target = text_of(stored)
                 if self._holds(Kind(kind), session_id, target) and self._claim(row_id):
                     self._apply(Kind(kind), session_id, user, target, decision, float(at))
+            self._store.link.execute(
+                "DELETE FROM node_requests WHERE created_at < "
+                "LEAST(%s, extract(epoch FROM clock_timestamp())) - %s",
+                (self._clock(), REQUEST_TTL),
+            )
         except StoreUnavailable as exc:
             logger.warning("routed requests not read now: %s", exc)
 

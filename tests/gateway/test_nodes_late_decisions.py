@@ -33,31 +33,46 @@ tools:
 PROFILES = "profiles:\n  demo:\n    capabilities: [r.basic]\n"
 TIMEOUT = 300.0
 """``calls.approval_timeout``: the nodes' timers (real time) never fire in a test."""
+SHORT = 30.0
+"""An approval timeout shorter than ``REQUEST_TTL`` (60 s), for a node that applies a
+routed decision past ``expires_at`` (its timers, real time, do not fire in a test)."""
 ADA = {"name": "Ada", "email": "ada@example.org", "age": 36}
 
 
 @asynccontextmanager
 async def two_nodes(
-    tmp: Path, url: str, clock: Clock, mcp: bool = False
+    tmp: Path,
+    url: str,
+    clock: Clock,
+    mcp: bool = False,
+    clock_b: Clock | None = None,
+    approval_timeout: float = TIMEOUT,
+    lease_interval: float = 0.2,
 ) -> AsyncIterator[tuple[Gateway, Gateway]]:
     """Nodes ``a`` and ``b`` on the store ``url``, each with its own data folder, both
-    on ``clock``; the gated catalog above, or (``mcp``) the asker MCP server mounted."""
+    on ``clock`` (or B on ``clock_b``: their wall clocks differ); the gated catalog
+    above, or (``mcp``) the asker MCP server mounted; ``approval_timeout`` and the
+    nodes' ``lease_interval`` in seconds."""
     started: list[Gateway] = []
     try:
-        for name in ("a", "b"):
+        for name, own in (("a", clock), ("b", clock_b or clock)):
             folder = tmp / name
             folder.mkdir()
             sections: dict[str, Any] = {
                 "store": {"url": url},
-                "nodes": {"node_id": f"n-{name}", "lease_interval": 0.2, "lease_ttl": 1.0},
-                "calls": {"approval_timeout": TIMEOUT},
+                "nodes": {
+                    "node_id": f"n-{name}",
+                    "lease_interval": lease_interval,
+                    "lease_ttl": max(1.0, lease_interval * 5),
+                },
+                "calls": {"approval_timeout": approval_timeout},
             }
             settings = (
                 mcp_settings(folder, [asker_mount()], **sections)
                 if mcp
                 else settings_for(folder, catalog=own_catalog(folder, TOOLS, PROFILES), **sections)
             )
-            gateway = Gateway(settings, clock=clock)
+            gateway = Gateway(settings, clock=own)
             await gateway.start()
             started.append(gateway)
         yield started[0], started[1]
@@ -174,3 +189,80 @@ async def test_m3_n3_an_answer_on_b_past_expires_at_is_expired_and_the_server_ge
             assert (got["accepted"], got.get("reason")) == (False, "expired")
             result = await on_b.terminal("e1")
             assert (result["type"], result["result"]["text"]) == ("result", "cancel")
+
+
+async def test_a4_n3_a_confirm_in_time_on_b_that_a_applies_past_expires_at_counts(
+    tmp_path: Path,
+    pg_url: str,  # noqa: F811
+) -> None:
+    """SPEC A4, A3, N3: the call waits for approval on A; the session resumed on B. B
+    receives an ``allow`` before the ``expires_at`` of ``tool_start`` and routes it;
+    A's clock is already past that deadline (30 s away) when it applies the row (A is
+    late, or its clock runs ahead). The decision counts, judged by B's time of receipt that the row
+    carries: ``accepted``, ``tool.resolved`` allowed by the user, and the tool runs."""
+    thread_tools.reset()
+    clock_a, clock_b = Clock(), Clock()
+    async with two_nodes(tmp_path, pg_url, clock_a, clock_b=clock_b, approval_timeout=SHORT) as (
+        a,
+        b,
+    ):
+        fields, start = await _on_a(a, "tool_start", "c1")
+        async with peer(b, **fields) as on_b:
+            await on_b.expect("tool_start", call_id="c1")
+            clock_a.ahead = start["expires_at"] - clock_a() + 1.0
+            assert await _confirm(on_b, start["approval_id"], "k1") == (True, None)
+            resolved = await on_b.expect("tool.resolved", call_id="c1")
+            assert (resolved["resolution"], resolved["reason"]) == ("allowed", "user")
+            result = await on_b.terminal("c1")
+            assert (result["type"], bool(result.get("declined"))) == ("result", False), result
+        assert RUNS == ["c1"]
+        assert a.approvals.pending == {}
+
+
+async def test_m3_n3_an_answer_in_time_on_b_that_a_applies_past_expires_at_counts(
+    tmp_path: Path,
+    pg_url: str,  # noqa: F811
+) -> None:
+    """SPEC M3, A4, N3: the mounted MCP tool of call ``e1`` asks its user on A; the
+    session resumed on B, which receives an ``accept`` before the ``expires_at`` of
+    ``elicit.request``; A's clock is past it when it applies the routed row. The answer
+    counts (B's time of receipt): accepted, and the MCP server gets the form."""
+    clock_a, clock_b = Clock(), Clock()
+    nodes = two_nodes(tmp_path, pg_url, clock_a, mcp=True, clock_b=clock_b, approval_timeout=SHORT)
+    async with nodes as (a, b):
+        fields, asked = await _on_a(a, "elicit.request", "e1")
+        async with peer(b, **fields) as on_b:
+            await on_b.expect("elicit.request", call_id="e1")
+            clock_a.ahead = asked["expires_at"] - clock_a() + 1.0
+            answer = {"elicitation_id": asked["elicitation_id"], "content": ADA}
+            await on_b.send({"type": "elicit.answer", "id": "ok", "action": "accept", **answer})
+            got = await on_b.expect("elicit.result", id="ok")
+            assert (got["accepted"], got.get("reason")) == (True, None)
+            result = await on_b.terminal("e1")
+            assert result["type"] == "result", result
+            assert result["result"]["text"].startswith("accept {"), result
+
+
+async def test_n3_a_routed_confirm_is_applied_by_a_node_whose_clock_runs_ahead(
+    tmp_path: Path,
+    pg_url: str,  # noqa: F811
+) -> None:
+    """SPEC N3, A3, A4: the call waits for approval on A, whose wall clock runs two
+    minutes ahead of B's (the approval's 300 s are not over on either clock); the
+    session resumed on B, which receives an ``allow`` and answers ``accepted``. A must
+    apply it: ``tool.resolved`` allowed by the user, and the tool runs. Before, A's
+    sweep dropped the row as older than ``REQUEST_TTL`` (60 s), judged on A's clock
+    against B's time of receipt, and the accepted decision never counted."""
+    thread_tools.reset()
+    clock_a, clock_b = Clock(), Clock()
+    clock_a.ahead = 120.0
+    async with two_nodes(tmp_path, pg_url, clock_a, clock_b=clock_b) as (a, b):
+        fields, start = await _on_a(a, "tool_start", "c1")
+        async with peer(b, **fields) as on_b:
+            await on_b.expect("tool_start", call_id="c1")
+            assert await _confirm(on_b, start["approval_id"], "k1") == (True, None)
+            resolved = await on_b.expect("tool.resolved", call_id="c1")
+            assert (resolved["resolution"], resolved["reason"]) == ("allowed", "user")
+            result = await on_b.terminal("c1")
+            assert (result["type"], bool(result.get("declined"))) == ("result", False), result
+        assert RUNS == ["c1"]
