@@ -18,13 +18,16 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 
 import toolbus
 from protocol import messages as m
+from tests.gateway import test_nodes_late_decisions as ld
 from tests.gateway.drill_tools import DrillNode, Seen, runs
 from tests.gateway.lb_tools import haproxy
+from tests.gateway.store_faults import until
 from tests.pg_support import pg_url  # noqa: F401 (fixture)
-from tests.support import WAIT
+from tests.support import WAIT, Clock, peer
 
 GRACE = {"server": {"drain_grace": 60.0}}
 EXIT = 30.0
@@ -214,3 +217,29 @@ async def test_n6_a_call_pending_approval_survives_a_restart_of_the_only_node(
     assert [r.reason for r in seen.resolved["ask"]] == [m.ResolutionReason.USER]
     assert seen.gaps() == 0
     assert seen.duplicates() == 0
+
+
+@pytest.mark.xfail(strict=True, reason=ld.HANDOFF_FENCED)
+async def test_n6_a_call_pending_approval_on_a_drained_node_moves_to_its_sessions_node(
+    tmp_path: Path,
+    pg_url: str,  # noqa: F811
+) -> None:
+    """SPEC N6, A4, J6: two in-process nodes on one schema. A call waits for approval
+    on A; its session resumed on B. A drains: the call is handed off, and B (which
+    claims A's work) adopts it, pending under the same approval id; B's client then
+    allows it and the tool runs once. Before, A's hand-off note was fenced (B holds the
+    session), so B ended the call ``cancelled`` "the server restarted while this call
+    ran" (it never ran) with its approval ``disconnected``."""
+    ld.thread_tools.reset()
+    async with ld.two_nodes(tmp_path, pg_url, Clock()) as (a, b):
+        fields, start = await ld._on_a(a, "tool_start", "c1")
+        approval_id = start["approval_id"]
+        async with peer(b, **fields) as on_b:
+            await on_b.expect("tool_start", call_id="c1")
+            await a.drain()
+            await until(lambda: approval_id in b.approvals.pending, "B's adoption")
+            assert await ld._confirm(on_b, approval_id, "k1") == (True, None)
+            resolved = await on_b.expect("tool.resolved", call_id="c1")
+            assert (resolved["resolution"], resolved["reason"]) == ("allowed", "user")
+            assert (await on_b.terminal("c1"))["type"] == "result"
+        assert ld.RUNS == ["c1"]

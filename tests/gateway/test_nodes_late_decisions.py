@@ -10,13 +10,17 @@ call on A is settled as its timeout would settle it.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from gateway.server import Gateway
 from tests.gateway import thread_tools
+from tests.gateway.store_faults import until
 from tests.gateway.thread_tools import RUNS
 from tests.mcp.support import asker_mount, mcp_settings
 from tests.pg_support import pg_url  # noqa: F401 (fixture)
@@ -266,3 +270,45 @@ async def test_n3_a_routed_confirm_is_applied_by_a_node_whose_clock_runs_ahead(
             result = await on_b.terminal("c1")
             assert (result["type"], bool(result.get("declined"))) == ("result", False), result
         assert RUNS == ["c1"]
+
+
+HANDOFF_FENCED = (
+    "SPEC N6, A3: A's hand-off note for a call whose session B holds is a write of that "
+    "session, fenced (store_pg_batch drops it): B never adopts the call, it ends "
+    "cancelled 'while this call ran' and the routed deny is dropped unapplied"
+)
+
+
+@pytest.mark.xfail(strict=True, reason=HANDOFF_FENCED)
+async def test_a3_n6_a_decision_routed_before_a_handoff_wins_over_a_later_one(
+    tmp_path: Path,
+    pg_url: str,  # noqa: F811
+) -> None:
+    """SPEC A3, N6, N3: the call waits for approval on A; the session resumed on B. A
+    drains and hands the approval off (its call's row keeps it); B receives ``deny``
+    for it then and routes it (``accepted``: it waits in ``node_requests`` for the
+    node that adopts the call). B adopts the call; an ``allow`` sent on B right after
+    is not accepted (``already_decided``): the first decision wins, the call ends
+    declined and its tool never runs. The lease interval is 2 s, so B's next sweep of
+    routed requests is far off when the ``allow`` arrives."""
+    thread_tools.reset()
+    clock = Clock()
+    async with two_nodes(tmp_path, pg_url, clock, lease_interval=2.0) as (a, b):
+        fields, start = await _on_a(a, "tool_start", "c1")
+        approval_id = start["approval_id"]
+        async with peer(b, **fields) as on_b:
+            await on_b.expect("tool_start", call_id="c1")
+            drained = asyncio.ensure_future(a.drain())
+            try:
+                await until(lambda: approval_id not in a.approvals.pending, "A's hand-off")
+                assert await _confirm(on_b, approval_id, "k1", "deny") == (True, None)
+                await until(lambda: approval_id in b.approvals.pending, "B's adoption")
+                second = await _confirm(on_b, approval_id, "k2", "allow")
+                resolved = await on_b.expect("tool.resolved", call_id="c1")
+                result = await on_b.terminal("c1")
+            finally:
+                await drained
+            assert second == (False, "already_decided")
+            assert (resolved["resolution"], resolved["reason"]) == ("denied", "user")
+            assert result["declined"] is True, result
+        assert RUNS == []
