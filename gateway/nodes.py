@@ -192,8 +192,12 @@ class Node:
         self.sweep()
         if self.requests is not None:
             self.requests.sweep()
-        if self.recovery is not None and self._lease.judging():
-            self.claim_dead()  # not right after an outage of this node's own (SPEC N7)
+        # Not right after an outage of this node's own (SPEC N7). SPEC A3, N6: a decision
+        # routed to a call adopted just now is applied in this turn, before a later
+        # decision sent here can settle its approval.
+        judging = self.recovery is not None and self._lease.judging()
+        if judging and self.claim_dead() and self.requests is not None:
+            self.requests.sweep()
 
     def claim_dead(self) -> list[str]:
         """Claim and settle the work of dead nodes here (SPEC N4;

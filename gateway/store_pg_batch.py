@@ -17,6 +17,7 @@ from typing import Any
 import psycopg
 
 from gateway.store_rows import JobRow, LedgerRow, anything_staged, job_row, job_values
+from protocol.codec import decode_json
 
 SESSION_COLS = (
     'session_id, token_hash, "user", tenant, profile, context, options, grants, last_seq, '
@@ -64,6 +65,21 @@ _INSERT_CALL = (
     "ON CONFLICT (session_id, call_id) DO UPDATE SET state=EXCLUDED.state, "
     "body=EXCLUDED.body, node_id=EXCLUDED.node_id, id=DEFAULT"
 )
+
+_HANDOFF_CALL = (
+    "UPDATE calls SET body=%s WHERE session_id=%s AND call_id=%s AND node_id=%s AND state='running'"
+)
+
+
+def _handoff(body: bytes | None) -> bool:
+    """Whether a call row's note is a hand-off note (:mod:`gateway.handoff`, SPEC N6)."""
+    if body is None or b'"handoff":' not in body:
+        return False
+    try:
+        note = decode_json(body)
+    except ValueError:  # JSONDecodeError: a ValueError
+        return False
+    return isinstance(note, dict) and isinstance(note.get("handoff"), dict)
 
 
 def utf8(text: str) -> bytes:
@@ -209,6 +225,13 @@ class PgBatch:
         calls = [v for (sid, _), v in self.calls.items() if sid not in fenced]
         if calls:
             cur.executemany(_INSERT_CALL, calls)
+        moved = [(v[3], sid, v[1], node) for (sid, _), v in self.calls.items() if sid in fenced]
+        moved = [row for row in moved if _handoff(row[0])]
+        if moved and node is not None:
+            # SPEC N6, N2: the session moved on, but its call still waits here for its
+            # approval: its hand-off note goes over the row this node runs, so the node
+            # that claims this one's work adopts the call (gateway.handoff).
+            cur.executemany(_HANDOFF_CALL, moved)
         forget = [(sid, c) for (sid, _), c in self.forget.items() if sid not in fenced]
         if forget:
             cur.executemany("DELETE FROM calls WHERE session_id=%s AND call_id=%s", forget)

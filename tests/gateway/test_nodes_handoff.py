@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-import pytest
 
 import toolbus
 from protocol import messages as m
@@ -219,7 +218,6 @@ async def test_n6_a_call_pending_approval_survives_a_restart_of_the_only_node(
     assert seen.duplicates() == 0
 
 
-@pytest.mark.xfail(strict=True, reason=ld.HANDOFF_FENCED)
 async def test_n6_a_call_pending_approval_on_a_drained_node_moves_to_its_sessions_node(
     tmp_path: Path,
     pg_url: str,  # noqa: F811
