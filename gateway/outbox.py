@@ -146,9 +146,7 @@ class Link:
         if self.closed:
             return
         self.closed = True
-        self._queue.clear()
-        self._queued_bytes = 0
-        self._task.cancel()
+        self._drop()
         self.closer = asyncio.get_running_loop().create_task(self._close(code, reason))
 
     def flush_and_close(
@@ -181,9 +179,15 @@ class Link:
     def detach(self) -> None:
         """The socket is gone: drop what is queued and stop the writer task."""
         self.closed = True
+        self._drop()
+
+    def _drop(self) -> None:
+        """Nothing queued will be sent: stop the writer; a :meth:`flush_and_close` under
+        way stops waiting for it (else it would wait out its grace)."""
         self._queue.clear()
         self._queued_bytes = 0
         self._task.cancel()
+        self._idle.set()
 
     async def _send(self, item: bytes | Replay) -> bool:
         """Send one queued frame, with the frames queued right behind it, or a whole
