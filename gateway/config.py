@@ -68,7 +68,10 @@ class ServerConfig(_Section):
     the handler dies with the process (SPEC J6). Jobs still ``queued`` stay queued and
     run after the restart. A node among several (SPEC N6) gives every job and running
     call, ``async def`` ones too, this long, after its clients moved on. Calls waiting
-    for approval never wait for it: they are handed off. 0: no wait."""
+    for approval never wait for it: they are handed off. 0: no wait. The sockets' closes
+    follow: a client that does not read holds its close up to 5 s (for the frames queued
+    before the hint) plus the close handshake (``min(heartbeat_timeout, 10)`` s), so a
+    drain can take this grace plus 15 s; give a supervisor's stop timeout that much."""
     max_socket_lifetime: float = Field(0.0, ge=0)
     """Seconds a socket may stay open; then it gets the drain's ``reconnect`` hint
     (``retry_after`` 0) and a 1012 close, and the client resumes, through the load

@@ -19,7 +19,7 @@ from typing import Any
 
 from gateway.context import ToolContext
 from tests.gateway.store_faults import until
-from tests.gateway.test_j6_crash_unstarted import _note, runs
+from tests.gateway.test_j6_crash_unstarted import HOLD_TOOLS, _note, runs
 from tests.pg_support import store_backend  # noqa: F401 (fixture: SQLite, PostgreSQL)
 from tests.support import (
     WAIT,
@@ -32,24 +32,10 @@ from tests.support import (
     settings_for,
 )
 
-TOOLS = """
-tools:
-  - name: hold
-    description: A plain handler that notes its run, then holds its worker thread until
-      let_go releases it.
-    capability: t.crash
-    timeout: 0
-    handler: tests.gateway.test_j6_crash_unstarted:hold
-  - name: let_go
-    description: Releases the hold of the call named by call_id.
-    capability: t.crash
-    handler: tests.gateway.test_j6_crash_unstarted:let_go
-    parameters:
-      type: object
-      properties:
-        call_id: {type: string}
-      required: [call_id]
-  - name: slow_note
+TOOLS = (
+    "\ntools:"
+    + HOLD_TOOLS
+    + """  - name: slow_note
     description: A plain sync handler promoted past 50 ms; notes its run and answers.
     capability: t.crash
     timeout: 0
@@ -76,6 +62,7 @@ tools:
     requires_approval: true
     handler: tests.gateway.test_j6_crash_promoted:note
 """
+)
 PROFILES = "profiles:\n  demo:\n    capabilities: [t.crash]\n"
 
 

@@ -45,19 +45,13 @@ from tests.support import (
     settings_for,
 )
 
-TOOLS = """
-tools:
+HOLD_TOOLS = """
   - name: hold
     description: A plain handler that notes its run, then holds its worker thread until
       let_go releases it.
     capability: t.crash
     timeout: 0
     handler: tests.gateway.test_j6_crash_unstarted:hold
-  - name: die_at_start
-    description: A plain handler that notes its run, then kills its own process with
-      SIGKILL before anything else (no commit can run between its start and the kill).
-    capability: t.crash
-    handler: tests.gateway.test_j6_crash_unstarted:die_at_start
   - name: let_go
     description: Releases the hold of the call named by call_id.
     capability: t.crash
@@ -68,6 +62,19 @@ tools:
         call_id: {type: string}
       required: [call_id]
 """
+"""Catalog entries of the thread-holding handler and its release, shared with
+``tests/gateway/test_j6_crash_promoted.py``."""
+
+TOOLS = (
+    "\ntools:"
+    + HOLD_TOOLS
+    + """  - name: die_at_start
+    description: A plain handler that notes its run, then kills its own process with
+      SIGKILL before anything else (no commit can run between its start and the kill).
+    capability: t.crash
+    handler: tests.gateway.test_j6_crash_unstarted:die_at_start
+"""
+)
 PROFILES = "profiles:\n  demo:\n    capabilities: [t.crash]\n"
 
 RESTARTED = "the server restarted while this call ran"
