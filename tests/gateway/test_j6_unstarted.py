@@ -293,62 +293,31 @@ async def test_e2_a_promoted_call_counts_in_flight_until_its_handler_returns(
 # -- I8, I15: a call still waiting for a worker thread when its session expires -------
 
 
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
 async def test_i8_expired_session_call_waiting_for_a_thread_never_starts(
     tmp_path: Path,
-) -> None:
-    """SPEC I8, I15 (Pipeline.end_session: an expired session "cancels only calls whose
-    handler has not started"): the session's one worker thread is held; its call `c1`
-    passed every gate and waits for a thread. The socket drops and the resume window
-    (0.3 s) ends. The handler has not started, yet the call is not cancelled: once the
-    thread is free it starts, for a session that is over."""
-    et.reset()
-    one = {"worker_threads": 1, "threads_per_session": 1, "threads_per_user": 1}
-    settings = et.settings(
-        tmp_path,
-        calls={**one, "thread_wait": 30.0},
-        sessions={"resume_window": 0.3},
-    )
-    async with running(settings) as gw:
-        parked, ended = park_signal(gw), signal(gw, "end")
-        try:
-            async with peer(gw) as p:
-                await p.invoke("h1", "hog", {})
-                await wait_thread(HOG_STARTED)
-                await p.invoke("c1", "quick", {})
-                await p.expect("tool_start", call_id="c1")  # gates passed; waits for the thread
-                await dropped(p, parked)
-            async with asyncio.timeout(WAIT):
-                await ended.wait()
-            assert not gw.sessions.sessions
-        finally:
-            HOG_RELEASE.set()
-        async with peer(gw) as q:  # the principal's next session re-sends c1 (I15)
-            await q.invoke("c1", "quick", {})
-            answer = await q.terminal("c1")
-        assert RUNS == [], f"c1's handler ran after its session ended: {answer}"
-        assert answer["type"] == "call.error", answer
-        assert answer["code"] == "cancelled", answer
-
-
-async def test_i8_expired_session_call_waiting_for_a_thread_never_starts_on_postgresql(
-    tmp_path: Path,
+    backend: str,
     pg_url: str,  # noqa: F811
 ) -> None:
-    """SPEC I8, I15, J6, N1: the same on PostgreSQL, where a call that waited makes its
-    start durable by a commit before its handler: the session's call `c1` waits for the
-    one thread; the socket drops and the resume window (0.3 s) ends; then the thread
-    frees. `c1` never runs, and a re-send from the principal's next session answers
-    ``cancelled``."""
+    """SPEC I8, I15, J6, N1 (Pipeline.end_session: an expired session "cancels only
+    calls whose handler has not started"): the session's one worker thread is held; its
+    call `c1` passed every gate and waits for a thread. The socket drops and the resume
+    window (0.3 s) ends, then the thread frees. `c1` never runs (before, it started, for
+    a session that was over), and a re-send from the principal's next session answers
+    ``cancelled``. On PostgreSQL a call that waited makes its start durable by a commit
+    before its handler; the answer is the same."""
     et.reset()
     one = {"worker_threads": 1, "threads_per_session": 1, "threads_per_user": 1}
+    store = {"url": pg_url} if backend == "postgresql" else {}
     settings = et.settings(
         tmp_path,
         calls={**one, "thread_wait": 30.0},
         sessions={"resume_window": 0.3},
-        store={"url": pg_url},
+        store=store,
     )
     async with running(settings) as gw:
-        assert type(gw.store).__name__ == "PgStore"
+        if store:
+            assert type(gw.store).__name__ == "PgStore"
         parked, ended = park_signal(gw), signal(gw, "end")
         try:
             async with peer(gw) as p:
