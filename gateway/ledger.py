@@ -14,8 +14,9 @@ used before, from any of its sessions, never runs the tool again:
     finished         -> the recorded terminal event is delivered again
     cut off          -> a call a restart cut off answers the restart's ``cancelled``
                         (recovery records it at start); one that was still waiting
-                        for a worker thread answers ``unavailable``, saying it did not
-                        run (SPEC J6, :meth:`CallLedger.waiting`)
+                        for a worker thread or for its approval answers
+                        ``unavailable``, saying it did not run (SPEC J6,
+                        :meth:`CallLedger.waiting`)
     another tool or
     other parameters -> refused ``call_id_conflict``; the record stays as it was
 
@@ -47,9 +48,10 @@ RESTARTED: Final = "the server restarted while this call ran"
 """The message of the ``cancelled`` terminal of a call a restart cut off (SPEC I12, I15)."""
 
 UNSTARTED: Final = "the server restarted before this call started; it did not run"
-"""The message of the ``unavailable`` terminal of a call a restart cut off while its
-plain handler still waited for a worker thread (SPEC J6: never reported as cut off
-while it ran; :meth:`CallLedger.waiting`)."""
+"""The message of the ``unavailable`` terminal of a call a restart cut off before its
+handler started: its plain handler still waited for a worker thread
+(:meth:`CallLedger.waiting`), or the call still waited for its approval (SPEC J6: never
+reported as cut off while it ran)."""
 
 Key = tuple[str, str, str]
 """``(tenant or "", user, call_id)``."""
@@ -295,18 +297,22 @@ class CallLedger:
         self.elsewhere.forget(session)
 
     def recover(
-        self, rows: list[LedgerRow] | None = None, keep: Collection[Key] = frozenset()
+        self,
+        rows: list[LedgerRow] | None = None,
+        keep: Collection[Key] = frozenset(),
+        unstarted: Collection[Key] = frozenset(),
     ) -> int:
         """At start: every call still ``running`` in the store was cut off by a crash or
         restart; it ends ``cancelled`` (SPEC I12, I15) and never runs again, or, when its
-        row says its handler had not started (:meth:`waiting`), ``unavailable``
-        :data:`UNSTARTED` (SPEC J6). Returns how many there were. ``rows``: only these
-        (a dead node's, SPEC N4); default: every running row. ``keep``: keys of calls
-        adopted here, which run on (SPEC N6)."""
+        handler had not started, ``unavailable`` :data:`UNSTARTED` (SPEC J6): its row
+        says so (:meth:`waiting`), or its key is in ``unstarted`` (it waited for its
+        approval, :meth:`gateway.recovery.Recovery._settle_calls`). Returns how many
+        there were. ``rows``: only these (a dead node's, SPEC N4); default: every
+        running row. ``keep``: keys of calls adopted here, which run on (SPEC N6)."""
         rows = self._store.running_ledger() if rows is None else rows
         rows = [r for r in rows if (r.tenant, r.user, r.call_id) not in keep]
         for row in rows:
-            self._interrupt(row)
+            self._interrupt(row, (row.tenant, row.user, row.call_id) in unstarted)
         if rows:
             logger.info("%d call ids cut off by the restart recorded as cancelled", len(rows))
         return len(rows)
@@ -315,17 +321,16 @@ class CallLedger:
         """Delete the rows that left the window (run by the server's purge loop)."""
         self._store.purge_ledger(self._clock() - self.window)
 
-    def _interrupt(self, row: LedgerRow) -> LedgerRow:
+    def _interrupt(self, row: LedgerRow, unstarted: bool = False) -> LedgerRow:
         # The seq is a placeholder: a recorded event reaches a session under its own.
         # SPEC J6: a call that never started carries the outcome recorded for it.
         outcome = row.outcome if _unstarted(row) else None
         if outcome is None:
+            code, message = ErrorCode.CANCELLED, RESTARTED
+            if unstarted:
+                code, message = ErrorCode.UNAVAILABLE, UNSTARTED
             event = m.CallError(
-                seq=1,
-                call_id=row.call_id,
-                tool=row.tool,
-                code=ErrorCode.CANCELLED,
-                message=RESTARTED,
+                seq=1, call_id=row.call_id, tool=row.tool, code=code, message=message
             )
             outcome = encode(event)
         done = LedgerRow(

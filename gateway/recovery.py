@@ -2,9 +2,9 @@
 
 :meth:`Recovery.run` is called once by :meth:`gateway.server.Gateway.start`, before the
 port is bound: stored sessions come back parked (expired ones are deleted), calls a
-restart cut off end ``cancelled`` (a pending approval they waited on is resolved
-``disconnected`` first, SPEC A4, A6), or ``unavailable`` saying they did not run when
-their handler still waited for a worker thread (SPEC J6), the call ledger's running
+restart cut off end ``cancelled``, or ``unavailable`` saying they did not run when
+their handler had not started (SPEC J6): it still waited for a worker thread, or for
+its approval (resolved ``disconnected`` first, SPEC A4, A6), the call ledger's running
 rows end the same way, and the job runner settles unfinished jobs, re-running those it
 may (SPEC J5), each gated again at its handler's start (SPEC A7). The jobs of mounted
 MCP tools not listed yet are held and settled by :meth:`Recovery.settle_mounted` once
@@ -96,9 +96,9 @@ class Recovery:
             profile = self._catalog.current.profile(row.profile)
             session = sessions.adopt(row, profile, self._bucket(), now)
             session.catalog_names = self._catalog.view(session)[2]
-        adopted = self._settle_calls(self._store.running_calls(), sessions.sessions)
+        adopted, unstarted = self._settle_calls(self._store.running_calls(), sessions.sessions)
         # SPEC I15: a call id cut off here never runs again, from any session.
-        self._pipeline.ledger.recover(keep=adopted)
+        self._pipeline.ledger.recover(keep=adopted, unstarted=unstarted)
         count, held = self._jobs.settle(
             sessions.sessions,
             lambda row: self._rerun_plan(row, sessions.get(row.session_id)),
@@ -117,15 +117,16 @@ class Recovery:
         elsewhere: dict[str, Session],
     ) -> int:
         """A dead node's work, settled by the node that claimed it (SPEC N4) with the
-        same steps as a restart: its running ``calls`` end ``cancelled`` (a pending
-        approval resolved ``disconnected`` first), its ``ledger`` rows end, its ``jobs``
+        same steps as a restart: its running ``calls`` end ``cancelled`` (``unavailable``
+        when their handler had not started: a pending approval is resolved
+        ``disconnected`` first, SPEC J6), its ``ledger`` rows end, its ``jobs``
         re-run when they may (SPEC J5) or end ``failed``. Call after the dead node's
         sessions were taken over; ``elsewhere`` holds the other sessions its work names,
         held by live nodes (:meth:`SessionTable.detached`: their events are forwarded).
         Returns the jobs found."""
         sessions = {**elsewhere, **self._sessions.sessions}
-        adopted = self._settle_calls(calls, sessions)
-        self._pipeline.ledger.recover(ledger, keep=adopted)
+        adopted, unstarted = self._settle_calls(calls, sessions)
+        self._pipeline.ledger.recover(ledger, keep=adopted, unstarted=unstarted)
         count, _ = self._jobs.settle(
             sessions, lambda row: self._rerun_plan(row, sessions.get(row.session_id)), rows=jobs
         )
@@ -146,14 +147,23 @@ class Recovery:
 
     def _settle_calls(
         self, calls: list[tuple[str, str, bytes | None]], sessions: Mapping[str, Session]
-    ) -> set[Key]:
+    ) -> tuple[set[Key], set[Key]]:
         """Calls a restart or a dead node cut off end ``cancelled`` (SPEC I12, A4), or
-        ``unavailable`` :data:`~gateway.ledger.UNSTARTED` when their ledger row says their
-        handler had not started (SPEC J6: it waited for a worker thread), unless
-        their ledger row says they ended (N3: their end waits in an inbox); those a
-        drained node handed off while pending approval are adopted here and run on
-        (SPEC N6, :mod:`gateway.handoff`). Returns the ledger keys of the adopted ones."""
+        ``unavailable`` :data:`~gateway.ledger.UNSTARTED` when their handler had not
+        started (SPEC J6: their ledger row says they waited for a worker thread, or their
+        note names the approval they still waited for), unless their ledger row says
+        they ended (N3: their end waits in an inbox); those a drained node handed off
+        while pending approval are adopted here and run on (SPEC N6,
+        :mod:`gateway.handoff`).
+
+        Returns:
+            ``(adopted, unstarted)``: the ledger keys of the adopted calls, and of those
+            ended :data:`~gateway.ledger.UNSTARTED` because they waited for approval
+            (their ledger rows say nothing of it: :meth:`CallLedger.recover
+            <gateway.ledger.CallLedger.recover>` ends them the same way).
+        """
         adopted: set[Key] = set()
+        unstarted: set[Key] = set()
         for session_id, call_id, note in calls:
             note_dict = decode_json(note) if note else {}
             session = sessions.get(session_id)
@@ -162,22 +172,23 @@ class Recovery:
                 # write of this row was fenced); the terminal event waits in the new
                 # owner's inbox, or was delivered. Ending it again would end it twice.
                 continue
-            if session is not None and self._handoff.adopt(session, call_id, note_dict):
-                adopted.add(principal_key(session, call_id))
-            else:
-                self._interrupt_call(session_id, call_id, note_dict, session)
-        return adopted
+            if session is None:
+                continue
+            key = principal_key(session, call_id)
+            if self._handoff.adopt(session, call_id, note_dict):
+                adopted.add(key)
+            elif self._interrupt_call(call_id, note_dict, session):
+                unstarted.add(key)
+        return adopted, unstarted
 
-    def _interrupt_call(
-        self, session_id: str, call_id: str, note: dict[str, str], session: Session | None
-    ) -> None:
-        """A call a restart cut off ends ``cancelled`` (SPEC I12: one terminal reply); a
-        pending approval it waited on is resolved ``disconnected`` first (SPEC A4, A6).
-        One whose handler had not started (its ledger row says so) ends ``unavailable``
-        :data:`~gateway.ledger.UNSTARTED`, as the ledger records it for a re-send
-        (SPEC J6, I15). ``session``: the call's session here, if any."""
-        if session is None:
-            return
+    def _interrupt_call(self, call_id: str, note: dict[str, str], session: Session) -> bool:
+        """A call a restart cut off ends ``cancelled`` (SPEC I12: one terminal reply).
+        One whose handler had not started ends ``unavailable``
+        :data:`~gateway.ledger.UNSTARTED` (SPEC J6, I15): its ledger row says it waited
+        for a worker thread, or it still waited for its approval, which is resolved
+        ``disconnected`` first (SPEC A4, A6: a handler starts only after its approval's
+        settlement is durable). Returns whether the approval made it unstarted (the
+        ledger row must be ended the same way)."""
         tool = note.get("tool", "")
         approval_id = note.get("approval_id")
         if approval_id:
@@ -190,12 +201,13 @@ class Recovery:
                     reason=m.ResolutionReason.DISCONNECTED,
                 )
             )
-        if self._pipeline.ledger.never_started(session, call_id):
+        if approval_id or self._pipeline.ledger.never_started(session, call_id):
             code, message = ErrorCode.UNAVAILABLE, UNSTARTED
         else:
             code, message = ErrorCode.CANCELLED, RESTARTED
         body = session.emit(m.CallError(call_id=call_id, tool=tool, code=code, message=message))
         session.call_done(call_id, body)
+        return bool(approval_id)
 
     def _rerun_plan(
         self, row: JobRow, session: Session | None

@@ -73,6 +73,12 @@ TOOLS = (
       SIGKILL before anything else (no commit can run between its start and the kill).
     capability: t.crash
     handler: tests.gateway.test_j6_crash_unstarted:die_at_start
+  - name: gated_hold
+    description: hold, behind the user's approval.
+    capability: t.crash
+    requires_approval: true
+    timeout: 0
+    handler: tests.gateway.test_j6_crash_unstarted:hold
 """
 )
 PROFILES = "profiles:\n  demo:\n    capabilities: [t.crash]\n"
@@ -395,3 +401,48 @@ async def test_j6_a_journaled_call_that_waited_then_started_gets_its_end_after_a
         assert ends["c1"] == ("call.error", ErrorCode.CANCELLED, RESTARTED)
         assert ends["h1"] == ("result", "", "")  # let go before c1 started
     assert runs(settings.data_dir) == ["h1", "c1"]
+
+
+async def test_j6_a_call_waiting_for_its_approval_at_a_crash_says_it_did_not_run(
+    tmp_path: Path,
+    store_backend: str,  # noqa: F811
+) -> None:
+    """SPEC J6, A4, I12, I15: `g1` waits for its approval when the server is SIGKILLed
+    (its `tool_start` was sent, so its pending note was durable: D1). Its handler never
+    started, so after the restart the resumed session gets `tool.resolved` ``denied``
+    ``disconnected``, then ``call.error`` ``unavailable`` "the server restarted before
+    this call started; it did not run" (not the ``cancelled`` "while this call ran" of a
+    call whose handler started); a re-send from the same session and from a new session
+    of the principal gets that answer, and `g1` never runs."""
+    settings = crash_settings(tmp_path)
+    async with (
+        script_server(SERVER_SCRIPT, str(tmp_path)) as first,
+        peer_at(f"ws://127.0.0.1:{first.port}/") as p,
+    ):
+        await p.invoke("g1", "gated_hold", {})
+        start = await p.expect("tool_start", call_id="g1")
+        assert start["approval_id"]
+        await first.crash()
+    assert first.proc.returncode == -9
+    async with running(settings) as gw:
+        async with peer(gw, **resume_fields(p, start["seq"])) as again:
+            assert again.welcome["resumed"] is True
+            seen = await barrier(again)
+            await again.invoke("g1", "gated_hold", {})
+            resent = await again.terminal("g1")
+        assert [(m["type"], m.get("call_id")) for m in seen if "seq" in m] == [
+            ("tool.resolved", "g1"),
+            ("call.error", "g1"),
+        ]
+        resolved, ended = (m for m in seen if "seq" in m)
+        assert (resolved["approval_id"], resolved["resolution"], resolved["reason"]) == (
+            start["approval_id"],
+            "denied",
+            "disconnected",
+        )
+        assert _error(ended) == ("call.error", ErrorCode.UNAVAILABLE, UNSTARTED)
+        assert _error(resent) == _error(ended)
+        async with peer(gw) as other:
+            await other.invoke("g1", "gated_hold", {})
+            assert _error(await other.terminal("g1")) == _error(ended)
+    assert runs(settings.data_dir) == []

@@ -16,6 +16,9 @@ from tests.gateway.node_tools import completed, nodes, runs, until
 from tests.pg_support import pg_url  # noqa: F401 (fixture)
 from tests.support import WAIT, Peer, barrier, resume_fields, sequenced
 
+UNSTARTED = ("unavailable", "the server restarted before this call started; it did not run")
+"""A call a dead node held pending approval never ran (SPEC J6): its code and text."""
+
 SUB: Any = ["toolbus.v1"]
 
 
@@ -42,9 +45,9 @@ async def test_n4_killed_node_work_is_taken_over_once(
     """SPEC N4, J5, A4, I12: node A dies by SIGKILL with an idempotent job and another
     job running and a call waiting for approval. Node B claims A's work within its
     lease bounds: the client resumes on B and gets, each once and gap-free, the pending
-    approval resolved ``disconnected`` and its call ended ``cancelled``, the other job
-    ``failed`` ``interrupted``, and the idempotent job's ``job.done`` after B re-ran it;
-    every handler completed once at most."""
+    approval resolved ``disconnected`` and its call ended ``unavailable`` (it never
+    ran, J6), the other job ``failed`` ``interrupted``, and the idempotent job's
+    ``job.done`` after B re-ran it; every handler completed once at most."""
     async with nodes(tmp_path, pg_url, "a", "b") as (a, b):
         async with connect(a.url, subprotocols=SUB) as ws_a:
             on_a = Peer(ws_a)
@@ -72,7 +75,7 @@ async def test_n4_killed_node_work_is_taken_over_once(
                 "disconnected",
             )
             ended = await on_b.terminal("c3")
-            assert (ended["type"], ended["code"]) == ("call.error", "cancelled")
+            assert (ended["type"], ended["code"], ended["message"]) == ("call.error", *UNSTARTED)
             failed = await on_b.expect("job.failed", job_id=other)
             assert failed["error"]["code"] == "interrupted"
             await until(lambda: runs(tmp_path).count("j1") == 2, "j1 re-run on B")
@@ -96,8 +99,8 @@ async def test_n4_node_dying_after_the_session_moved_away_settles_its_work_once(
 ) -> None:
     """SPEC N4, N3, A4: a call waits for approval and a job runs on A; the client moves
     to B; A is killed. B, which holds the session, settles A's call (resolved
-    ``disconnected``, ended ``cancelled``) and job (``failed`` ``interrupted``), each
-    once, live on the client's socket."""
+    ``disconnected``, ended ``unavailable``: it never ran, J6) and job (``failed``
+    ``interrupted``), each once, live on the client's socket."""
     async with nodes(tmp_path, pg_url, "a", "b") as (a, b):
         async with connect(a.url, subprotocols=SUB) as ws_a:
             on_a = Peer(ws_a)
@@ -119,7 +122,7 @@ async def test_n4_node_dying_after_the_session_moved_away_settles_its_work_once(
                 "disconnected",
             )
             ended = await on_b.terminal("c2")
-            assert (ended["type"], ended["code"]) == ("call.error", "cancelled")
+            assert (ended["type"], ended["code"], ended["message"]) == ("call.error", *UNSTARTED)
             failed = await on_b.expect("job.failed", job_id=job)
             assert failed["error"]["code"] == "interrupted"
             await barrier(on_b)
@@ -164,7 +167,7 @@ async def test_n4_third_node_settles_the_work_of_a_dead_node_for_a_session_held_
             resolved = await on_c.expect("tool.resolved", call_id="c3")
             assert resolved["reason"] == "disconnected"
             ended = await on_c.terminal("c3")
-            assert (ended["type"], ended["code"]) == ("call.error", "cancelled")
+            assert (ended["type"], ended["code"], ended["message"]) == ("call.error", *UNSTARTED)
             failed = await on_c.expect("job.failed", job_id=other)
             assert failed["error"]["code"] == "interrupted"
             await until(lambda: runs(tmp_path).count("j2") == 2, "j2 re-run on B")

@@ -119,7 +119,7 @@ async def test_n4_drill_kill9_one_of_three_nodes_behind_haproxy_loses_nothing(
     job running (every other one idempotent) and a call waiting for approval; one node
     is killed with SIGKILL. Every client of it resumes through HAProxy on a live node;
     no event is lost or settled twice; the dead node's pending approvals resolve
-    ``disconnected`` and their calls end ``cancelled`` (never run); its plain jobs end
+    ``disconnected`` and their calls end ``unavailable`` (never run, J6); its plain jobs end
     ``failed`` ``interrupted`` and its idempotent ones re-run once and end ``done``;
     every other call and job runs exactly once; every job has a terminal event."""
     began = time.monotonic()
@@ -159,7 +159,7 @@ async def test_n4_drill_kill9_one_of_three_nodes_behind_haproxy_loses_nothing(
                 asyncio.gather(asks[i], return_exceptions=True), WAIT
             )
             assert isinstance(with_error[0], toolbus.CallFailed), with_error
-            assert with_error[0].code == "cancelled", with_error
+            assert with_error[0].code == "unavailable", with_error  # SPEC J6: never ran
         for i, bus in enumerate(buses):
             if i not in moved:
                 await bus.pending_approvals[0].decide(m.Decision.ALLOW)

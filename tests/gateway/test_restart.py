@@ -15,6 +15,9 @@ from gateway.server import Gateway
 from tests.pg_support import store_backend  # noqa: F401 (fixture: SQLite, PostgreSQL)
 from tests.support import CONVERT, Peer, peer, peer_at, running, script_server, settings_for
 
+UNSTARTED = "the server restarted before this call started; it did not run"
+"""The wire text of a call a crash cut off before its handler started (SPEC J6)."""
+
 # ``report`` is idempotent, so SPEC J5 lets a restart run it again; this twin is not, so a
 # restart must report it failed.
 ONCE_TOOL = """
@@ -86,7 +89,7 @@ async def after_restart(gw: Gateway, p: Peer, state: dict[str, Any], drained: bo
     ``drained``: the first server drained (SPEC S4, A4): it handed the call waiting for
     approval to the next start (gateway.handoff), so that approval is still pending
     under its id and the user decides it now. After a crash it resolved
-    ``disconnected`` and its call ended ``cancelled``."""
+    ``disconnected`` and its call ended ``unavailable``, saying it did not run (J6)."""
     fields = {
         "session_id": p.welcome["session_id"],
         "resume_token": p.welcome["resume_token"],
@@ -131,11 +134,13 @@ async def after_restart(gw: Gateway, p: Peer, state: dict[str, Any], drained: bo
         if drained:
             assert (terminal["call_id"], terminal["result"]["declined"]) == ("gated", True)
         else:
-            assert (terminal["call_id"], terminal["tool"], terminal["code"]) == (
-                "gated",
-                "notes_delete",
-                "cancelled",
-            )
+            # SPEC J6: it waited for its approval, so its handler never started.
+            assert (
+                terminal["call_id"],
+                terminal["tool"],
+                terminal["code"],
+                terminal["message"],
+            ) == ("gated", "notes_delete", "unavailable", UNSTARTED)
         assert (job["state"], job["error"]["code"]) == ("failed", "interrupted")
         # SPEC I12 across the restart: the finished call answers its recorded outcome.
         await again.invoke("c1", "convert_units", CONVERT)
