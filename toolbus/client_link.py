@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -23,6 +24,8 @@ from typing import Any, Final
 from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
+from websockets.frames import Frame, Opcode
+from websockets.protocol import Event
 from websockets.typing import Subprotocol
 
 from protocol import messages as m
@@ -71,6 +74,38 @@ class LinkSettings:
     ack_every: int
     ack_idle: float
     ws_options: Mapping[str, Any]
+
+
+class Connection(ClientConnection):
+    """websockets' client connection, handing whole messages to :attr:`on_message` as
+    they are read (overrides websockets' ``process_event``).
+
+    websockets queues each message in its assembler, sets a future and wakes the task
+    awaiting ``recv``; the client's read loop then wakes the task awaiting the call:
+    two task wake-ups, two loop turns, per frame (issue 13, P11). With
+    :attr:`on_message` set, a text frame that is a whole message goes to it from the
+    read callback instead, in arrival order: only while the assembler holds no frame,
+    so it never overtakes a message ``recv`` will return (the read loop handles what
+    ``recv`` returned before it awaits anything). Everything else (the handshake,
+    fragments, binary and control frames) is websockets' own path. Below websockets'
+    public API: ``process_event`` and ``recv_messages.frames``, as the gateway's
+    ``gateway/wslib.py`` uses them; ``tests/gateway/test_wslib_seam.py`` pins both.
+    """
+
+    on_message: Callable[[bytes], None] | None = None
+
+    def process_event(self, event: Event) -> None:
+        on_message = self.on_message
+        if (
+            on_message is not None
+            and type(event) is Frame
+            and event.opcode is Opcode.TEXT
+            and event.fin
+            and not len(self.recv_messages.frames)
+        ):
+            on_message(bytes(event.data))
+            return
+        super().process_event(event)
 
 
 HelloBuilder = Callable[[str | None, str | None, int | None], m.Hello]
@@ -131,6 +166,8 @@ class Link:
         self.last_frame = 0.0
         """Loop time the last frame arrived, in seconds."""
         self._ack_timer: asyncio.TimerHandle | None = None
+        self._acking = False
+        """An ack asked for by the read callback is being sent (:meth:`_message`)."""
 
     def _hello(self) -> m.Hello:
         if self.session_id is not None and self.resume_token is not None:
@@ -147,6 +184,7 @@ class Link:
         options: dict[str, Any] = {
             "max_size": None,
             "compression": None,
+            "create_connection": Connection,
             **self._settings.ws_options,
         }
         try:
@@ -206,31 +244,58 @@ class Link:
         ``recv``: that cost about 5 % of the client's time per frame (issue 13).
         """
         loop = asyncio.get_running_loop()
-        inbound = self._inbound
-        ack_every, ack_idle = self._settings.ack_every, self._settings.ack_idle
+        if isinstance(ws, Connection):
+            # Whole messages are handled as they are read (Connection); recv returns
+            # only what took websockets' own path (fragments).
+            ws.on_message = functools.partial(self._message, ws, loop)
         try:
             while True:
                 raw = await ws.recv(decode=False)
-                self.last_frame = loop.time()
-                message = decode_server(raw)
-                if isinstance(message, DecodeError):
-                    logger.warning("undecodable server frame: %s", message)
-                    continue
-                inbound.process(message)
-                if inbound.last_seq - self.acked >= ack_every:
-                    # A socket already closing refuses the ack; the frames it delivered
-                    # before its close (a drain's reconnect hint) are still read.
+                # A socket already closing refuses the ack; the frames it delivered
+                # before its close (a drain's reconnect hint) are still read.
+                if self._frame(ws, raw, loop):
                     await self._ack_quietly(ws)
-                elif self._ack_timer is None and inbound.last_seq > self.acked:
-                    due = self.last_frame + ack_idle
-                    self._ack_timer = loop.call_at(due, self._idle_ack, ws)
         except ConnectionClosed as exc:
             frame = exc.rcvd
             return (None, "") if frame is None else (frame.code, frame.reason)
         finally:
+            if isinstance(ws, Connection):
+                ws.on_message = None
             if self._ack_timer is not None:
                 self._ack_timer.cancel()
                 self._ack_timer = None
+
+    def _frame(self, ws: ClientConnection, raw: bytes, loop: asyncio.AbstractEventLoop) -> bool:
+        """Handle one server frame: decode it, hand it to the inbound part, and arm the
+        quiet-socket ack (SPEC D2). Returns whether ``ack_every`` durable events wait
+        for their ack: the read loop sends it before it reads on; from the read
+        callback (:class:`Connection`) it is sent by a task of its own."""
+        self.last_frame = loop.time()
+        message = decode_server(raw)
+        if isinstance(message, DecodeError):
+            logger.warning("undecodable server frame: %s", message)
+            return False
+        inbound = self._inbound
+        inbound.process(message)
+        if inbound.last_seq - self.acked >= self._settings.ack_every:
+            return True
+        if self._ack_timer is None and inbound.last_seq > self.acked:
+            due = self.last_frame + self._settings.ack_idle
+            self._ack_timer = loop.call_at(due, self._idle_ack, ws)
+        return False
+
+    def _message(self, ws: ClientConnection, loop: asyncio.AbstractEventLoop, raw: bytes) -> None:
+        """:attr:`Connection.on_message`: :meth:`_frame`, then the ack it asks for, sent
+        by one task at a time (a cumulative ack covers what arrived meanwhile)."""
+        if self._frame(ws, raw, loop) and not self._acking:
+            self._acking = True
+            self._spawn(self._ack_soon(ws))
+
+    async def _ack_soon(self, ws: ClientConnection) -> None:
+        try:
+            await self._ack_quietly(ws)
+        finally:
+            self._acking = False
 
     def _idle_ack(self, ws: ClientConnection) -> None:
         """Timer callback: ack once no frame arrived for ``ack_idle`` seconds (SPEC D2).

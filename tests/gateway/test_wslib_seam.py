@@ -5,7 +5,9 @@
 drives the sans-I/O ``protocol`` (``state``, ``send_text``, ``data_to_send``,
 ``close_sent``, ``close_rcvd_then_sent``), writes to ``transport``, enters
 ``send_context``, passes a non-class ``create_connection`` to ``serve`` and reads
-``Request.method``. Each test here pins one of those and fails naming it, so a websockets
+``Request.method``; the toolbus client's ``toolbus.client_link.Connection`` overrides
+``ClientConnection.process_event`` the same way, given to ``connect`` as
+``create_connection``. Each test here pins one of those and fails naming it, so a websockets
 release that moves one fails here first, not as a 1011 in production. To widen the
 version range in ``pyproject.toml``: install the new version, run this file, fix
 ``gateway/wslib.py`` if it fails (ARCHITECTURE.md, "One seam for the WebSocket library").
@@ -27,7 +29,7 @@ import pytest
 import websockets
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
-from websockets.asyncio.client import connect
+from websockets.asyncio.client import ClientConnection, connect
 from websockets.asyncio.connection import Connection
 from websockets.asyncio.server import ServerConnection
 from websockets.asyncio.server import serve as ws_serve
@@ -38,6 +40,7 @@ from websockets.server import ServerProtocol
 
 from gateway import wslib
 from tests.support import ROOT, WAIT
+from toolbus import client_link
 
 SIGNATURES: dict[str, tuple[Callable[..., Any], list[str]]] = {
     "websockets.protocol.Protocol.send_text": (Protocol.send_text, ["self", "data", "fin"]),
@@ -105,6 +108,20 @@ def test_signature_unchanged(name: str) -> None:
     assert found == expected, f"websockets internal changed: {name}{tuple(found)}"
 
 
+def test_connect_takes_the_connection_class_the_client_gives() -> None:
+    """The toolbus client (toolbus/client_link.py) opens its socket with
+    ``connect(..., create_connection=Connection)``, its ``ClientConnection`` subclass
+    that reads whole messages in the callback, as WsConnection does on the server."""
+    assert "create_connection" in inspect.signature(connect).parameters, (
+        "websockets.asyncio.client.connect lost create_connection"
+    )
+    assert issubclass(client_link.Connection, ClientConnection)
+    assert list(inspect.signature(ClientConnection.process_event).parameters) == [
+        "self",
+        "event",
+    ], "websockets internal changed: ClientConnection.process_event(self, event)"
+
+
 def test_serve_takes_the_options_wslib_passes() -> None:
     """websockets.asyncio.server.serve still accepts every option wslib.serve gives it."""
     missing = SERVE_OPTIONS - set(inspect.signature(ws_serve).parameters)
@@ -136,6 +153,11 @@ async def test_frames_reach_process_event_and_the_assembler_queue() -> None:
     server = inspect.getsource(ServerConnection.process_event)
     assert "super().process_event(event)" in server, (
         "websockets internal changed: ServerConnection.process_event no longer defers frames"
+    )
+    # The toolbus client's toolbus.client_link.Connection overrides it on the client side.
+    client = inspect.getsource(ClientConnection.process_event)
+    assert "super().process_event(event)" in client, (
+        "websockets internal changed: ClientConnection.process_event no longer defers frames"
     )
     from websockets.asyncio.messages import Assembler
 
