@@ -88,7 +88,7 @@ class Handoff:
                 "handoff": {"params": call.params, "expires_at": approval.expires_at},
             }
             session = call.session
-            session.store.stage_call(session.id, call.call_id, "running", encode_json(note))
+            session.store.stage_handoff(session.id, call.call_id, encode_json(note))
             session.pending_approvals.discard(approval_id)
             self._metrics.pending_approvals.dec()
             call.handed_off = True

@@ -79,6 +79,14 @@ class Store(Protocol):
         """Stage a call's state: ``running`` with a JSON note (tool, pending approval id)
         for recovery, or ``done`` with its terminal event bytes (SPEC I12)."""
 
+    def stage_handoff(self, session_id: str, call_id: str, note: bytes) -> None:
+        """Stage a call's ``running`` row with the hand-off note of a drain (SPEC N6,
+        :mod:`gateway.handoff`), as :meth:`stage_call` does. A store shared by nodes
+        also writes the note over the call's own row when this node no longer holds
+        its session (a client resumed elsewhere: the session's other writes are fenced,
+        SPEC N2), so that the node that claims this one adopts the call; a row of the
+        call staged after it, before the commit, replaces the note and the hand-off."""
+
     def stage_forget_call(self, session_id: str, call_id: str) -> None:
         """Stage the removal of a call's record (it left the idempotency window, I12)."""
 
@@ -180,13 +188,22 @@ class Store(Protocol):
 
 
 class CommitsOnly:
-    """:meth:`Store.journal` and :attr:`Store.owed` of a store without a journal: every
-    flush commits (PostgreSQL: every node reads the database)."""
+    """:meth:`Store.journal`, :attr:`Store.owed` and the intent methods of a store
+    without a journal: every flush commits (PostgreSQL: every node reads the database)."""
 
     owed = False
     journals = False
 
     def journal(self) -> bool:
+        return False
+
+    def keep_intent(self, session_id: str, call_id: str, key: tuple[str, str, str]) -> bool:
+        """Always ``False``: a node that takes over a dead one must see the ``running``
+        rows in the database, so they are committed before the handler (SPEC I15, N4)."""
+        return False
+
+    def running_durable(self, key: tuple[str, str, str]) -> bool:
+        """Always ``False``: the caller commits before the handler (as above)."""
         return False
 
 
@@ -323,6 +340,10 @@ class SqliteStore(SqliteReads):
     def stage_call(self, session_id: str, call_id: str, state: str, body: bytes | None) -> None:
         self._intents.staged_call(session_id, call_id, state, body)
         self._batch.put_call((session_id, call_id), (session_id, call_id, state, body))
+
+    def stage_handoff(self, session_id: str, call_id: str, note: bytes) -> None:
+        # One process, no fencing (SPEC N6: the next start adopts the call from its row).
+        self.stage_call(session_id, call_id, "running", note)
 
     def stage_forget_call(self, session_id: str, call_id: str) -> None:
         self._intents.forgotten(session_id, call_id)

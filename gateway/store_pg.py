@@ -112,8 +112,13 @@ class PgStore(CommitsOnly):
         node = self.fence.node_id if self.fence is not None else None
         self._batch.put_call((session_id, call_id), (session_id, cid(call_id), state, body, node))
 
+    def stage_handoff(self, session_id: str, call_id: str, note: bytes) -> None:
+        self.stage_call(session_id, call_id, "running", note)
+        self._batch.handoffs[(session_id, call_id)] = None
+
     def stage_forget_call(self, session_id: str, call_id: str) -> None:
         self._batch.calls.pop((session_id, call_id), None)
+        self._batch.handoffs.pop((session_id, call_id), None)
         self._batch.forget[(session_id, call_id)] = cid(call_id)
 
     def stage_job(self, row: JobRow) -> None:
@@ -285,15 +290,6 @@ class PgStore(CommitsOnly):
         self._batch.purged_at, self._batch.purge_before = now, now - job_retention
         with contextlib.suppress(StoreUnavailable):
             self.commit()
-
-    def keep_intent(self, session_id: str, call_id: str, key: tuple[str, str, str]) -> bool:
-        """Always ``False``: a node that takes over a dead one must see the ``running``
-        rows in the database, so they are committed before the handler (SPEC I15, N4)."""
-        return False
-
-    def running_durable(self, key: tuple[str, str, str]) -> bool:
-        """Always ``False``: the caller commits before the handler (as above)."""
-        return False
 
     def ledger(self, tenant: str, user: str, call_id: str) -> LedgerRow | None:
         staged = self._batch.ledger.get((tenant, user, call_id))

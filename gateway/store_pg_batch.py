@@ -17,7 +17,6 @@ from typing import Any
 import psycopg
 
 from gateway.store_rows import JobRow, LedgerRow, anything_staged, job_row, job_values
-from protocol.codec import decode_json
 
 SESSION_COLS = (
     'session_id, token_hash, "user", tenant, profile, context, options, grants, last_seq, '
@@ -69,17 +68,6 @@ _INSERT_CALL = (
 _HANDOFF_CALL = (
     "UPDATE calls SET body=%s WHERE session_id=%s AND call_id=%s AND node_id=%s AND state='running'"
 )
-
-
-def _handoff(body: bytes | None) -> bool:
-    """Whether a call row's note is a hand-off note (:mod:`gateway.handoff`, SPEC N6)."""
-    if body is None or b'"handoff":' not in body:
-        return False
-    try:
-        note = decode_json(body)
-    except ValueError:  # JSONDecodeError: a ValueError
-        return False
-    return isinstance(note, dict) and isinstance(note.get("handoff"), dict)
 
 
 def utf8(text: str) -> bytes:
@@ -171,6 +159,10 @@ class PgBatch:
         default_factory=dict
     )
     """Keyed: a call that starts and ends within one tick is written once."""
+    handoffs: dict[tuple[str, str], None] = field(default_factory=dict)
+    """Keys of :attr:`calls` whose row holds a drain's hand-off note
+    (:meth:`PgStore.stage_handoff <gateway.store_pg.PgStore.stage_handoff>`, SPEC N6):
+    written over the call's own row even when its session is fenced."""
     forget: dict[tuple[str, str], bytes] = field(default_factory=dict)
     """Call rows to delete, ``(session_id, call_id) -> stored call id``; a row of the same
     key staged after its forget cancels it."""
@@ -192,6 +184,7 @@ class PgBatch:
         key staged before is dropped (as :meth:`SqliteBatch.put_call
         <gateway.store_batch.SqliteBatch.put_call>`, SPEC I12)."""
         self.forget.pop(key, None)
+        self.handoffs.pop(key, None)
         self.calls[key] = row
 
     @property
@@ -225,8 +218,11 @@ class PgBatch:
         calls = [v for (sid, _), v in self.calls.items() if sid not in fenced]
         if calls:
             cur.executemany(_INSERT_CALL, calls)
-        moved = [(v[3], sid, v[1], node) for (sid, _), v in self.calls.items() if sid in fenced]
-        moved = [row for row in moved if _handoff(row[0])]
+        moved = []
+        for key in self.handoffs:
+            if key[0] in fenced:
+                sid, stored_id, _, note, _ = self.calls[key]
+                moved.append((note, sid, stored_id, node))
         if moved and node is not None:
             # SPEC N6, N2: the session moved on, but its call still waits here for its
             # approval: its hand-off note goes over the row this node runs, so the node

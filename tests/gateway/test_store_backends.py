@@ -127,6 +127,30 @@ def test_calls_keep_their_order_and_state(opener: Opener) -> None:
     store.close()
 
 
+def test_n6_a_handoff_note_is_a_running_call_row_until_a_later_row_replaces_it(
+    opener: Opener,
+) -> None:
+    """SPEC N6, I12: ``stage_handoff`` stores the drain's note as the call's ``running``
+    row, on both stores; a row of the same call staged after it in the same batch (the
+    call ended, or was forgotten) replaces the note, and on PostgreSQL its hand-off mark
+    too, so the commit never writes the note over the row later
+    (:meth:`gateway.store.Store.stage_handoff`)."""
+    store = opener()
+    note = b'{"tool":"t","approval_id":"a1","handoff":{"params":{},"expires_at":1.0}}'
+    store.stage_handoff("s1", "h1", note)
+    store.stage_handoff("s1", "h2", note)
+    store.stage_call("s1", "h2", "done", b'{"x":1}')
+    store.stage_handoff("s1", "h3", note)
+    store.stage_forget_call("s1", "h3")
+    if isinstance(store, PgStore):
+        assert list(store._batch.handoffs) == [("s1", "h1")]
+    store.commit()
+    assert store.running_calls() == [("s1", "h1", note)]
+    assert store.call("s1", "h2") == ("done", b'{"x":1}')
+    assert store.call("s1", "h3") is None
+    store.close()
+
+
 def test_jobs_by_user_tenant_and_state(opener: Opener) -> None:
     """SPEC J1-J3: a job reads back whole; a user's jobs newest first, by tenant and state,
     limited; unfinished jobs listed for recovery."""
