@@ -89,14 +89,17 @@ class Recovery:
         """
         now = self._clock()
         sessions = self._sessions
+        gone: dict[str, tuple[str, str]] = {}
         for row in self._store.all_sessions():
             if row.expires_at is not None and row.expires_at < now:
                 self._store.delete_session(row.session_id)
+                gone[row.session_id] = (row.tenant or "", row.user)
                 continue
             profile = self._catalog.current.profile(row.profile)
             session = sessions.adopt(row, profile, self._bucket(), now)
             session.catalog_names = self._catalog.view(session)[2]
-        adopted, unstarted = self._settle_calls(self._store.running_calls(), sessions.sessions)
+        running = self._store.running_calls()
+        adopted, unstarted = self._settle_calls(running, sessions.sessions, gone)
         # SPEC I15: a call id cut off here never runs again, from any session.
         self._pipeline.ledger.recover(keep=adopted, unstarted=unstarted)
         count, held = self._jobs.settle(
@@ -146,7 +149,10 @@ class Recovery:
         )
 
     def _settle_calls(
-        self, calls: list[tuple[str, str, bytes | None]], sessions: Mapping[str, Session]
+        self,
+        calls: list[tuple[str, str, bytes | None]],
+        sessions: Mapping[str, Session],
+        gone: Mapping[str, tuple[str, str]] | None = None,
     ) -> tuple[set[Key], set[Key]]:
         """Calls a restart or a dead node cut off end ``cancelled`` (SPEC I12, A4), or
         ``unavailable`` :data:`~gateway.ledger.UNSTARTED` when their handler had not
@@ -154,7 +160,11 @@ class Recovery:
         note names the approval they still waited for), unless their ledger row says
         they ended (N3: their end waits in an inbox); those a drained node handed off
         while pending approval are adopted here and run on (SPEC N6,
-        :mod:`gateway.handoff`).
+        :mod:`gateway.handoff`). ``gone``: ``(tenant or "", user)`` of the sessions that
+        expired before the restart, by id: a call of theirs that still waited for its
+        approval has no session to be told, but its ledger row still ends
+        :data:`~gateway.ledger.UNSTARTED` (SPEC J6, I15: a re-send from the principal's
+        next session must not hear it ran).
 
         Returns:
             ``(adopted, unstarted)``: the ledger keys of the adopted calls, and of those
@@ -173,6 +183,9 @@ class Recovery:
                 # owner's inbox, or was delivered. Ending it again would end it twice.
                 continue
             if session is None:
+                principal = (gone or {}).get(session_id)
+                if principal is not None and note_dict.get("approval_id"):
+                    unstarted.add((*principal, call_id))
                 continue
             key = principal_key(session, call_id)
             if self._handoff.adopt(session, call_id, note_dict):

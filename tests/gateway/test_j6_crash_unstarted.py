@@ -20,6 +20,7 @@ import re
 import signal
 import sqlite3
 import threading
+import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -154,7 +155,8 @@ from gateway.server import Gateway
 from tests.gateway.test_j6_crash_unstarted import crash_settings
 
 async def main():
-    gateway = Gateway(crash_settings(Path(sys.argv[1])))
+    extra = {"sessions": {"resume_window": float(sys.argv[2])}} if sys.argv[2:] else {}
+    gateway = Gateway(crash_settings(Path(sys.argv[1]), **extra))
     await gateway.start()
     print(gateway.port, flush=True)
     await asyncio.Event().wait()
@@ -445,4 +447,69 @@ async def test_j6_a_call_waiting_for_its_approval_at_a_crash_says_it_did_not_run
         async with peer(gw) as other:
             await other.invoke("g1", "gated_hold", {})
             assert _error(await other.terminal("g1")) == _error(ended)
+    assert runs(settings.data_dir) == []
+
+
+def _durable_expiry(data_dir: Path, backend: str, session_id: str) -> float | None:
+    """The ``expires_at`` of a session's row as a restart would read it."""
+    if backend != "sqlite":
+        with psycopg.connect(backend, autocommit=True) as db:
+            found = db.execute(
+                "SELECT expires_at FROM sessions WHERE session_id=%s", (session_id,)
+            ).fetchone()
+        return None if found is None else found[0]
+    journaled = [
+        w[13]
+        for w in DurableLedger(data_dir, backend)._journaled()
+        if w[0] == "s" and w[1] == session_id
+    ]
+    if journaled:
+        return journaled[-1]
+    db_file = data_dir / "toolbus.db"
+    if not db_file.exists():
+        return None
+    with sqlite3.connect(db_file) as conn:
+        found = conn.execute(
+            "SELECT expires_at FROM sessions WHERE session_id=?", (session_id,)
+        ).fetchone()
+    conn.close()
+    return None if found is None else found[0]
+
+
+async def test_j6_a_call_waiting_for_approval_of_a_session_expired_at_the_restart(
+    tmp_path: Path,
+    store_backend: str,  # noqa: F811
+) -> None:
+    """SPEC J6, A4, I15: `g1` waits for its approval; its client goes away (the session
+    is parked, resume window 1 s) and the server is SIGKILLed before the window ends.
+    The next server starts after it ended: the session is gone, and a re-send of `g1`
+    from the principal's next session gets ``unavailable`` "did not run" (its handler
+    never started), not ``cancelled`` "while this call ran"."""
+    window = 1.0
+    settings = crash_settings(tmp_path, sessions={"resume_window": window})
+    async with script_server(SERVER_SCRIPT, str(tmp_path), str(window)) as first:
+        async with peer_at(f"ws://127.0.0.1:{first.port}/") as p:
+            await p.invoke("g1", "gated_hold", {})
+            await p.expect("tool_start", call_id="g1")
+        sid = p.welcome["session_id"]
+        # The park is staged; a commit for another session's call makes it durable.
+        async with peer_at(f"ws://127.0.0.1:{first.port}/", token="bob-token") as q:
+            async with asyncio.timeout(WAIT):
+                n = 0
+                while _durable_expiry(settings.data_dir, store_backend, sid) is None:
+                    n += 1
+                    await q.invoke(f"b{n}", "let_go", {"call_id": "none"})
+                    await q.terminal(f"b{n}")
+        await first.crash()
+    expiry = _durable_expiry(settings.data_dir, store_backend, sid)
+    assert expiry is not None
+    async with asyncio.timeout(WAIT):
+        while time.time() <= expiry:  # noqa: ASYNC110 - wall time must pass the expiry
+            await asyncio.sleep(0.05)
+    async with running(settings) as gw:
+        assert sid not in gw.sessions.sessions
+        async with peer(gw) as other:
+            await other.invoke("g1", "gated_hold", {})
+            answer = await other.terminal("g1")
+    assert _error(answer) == ("call.error", ErrorCode.UNAVAILABLE, UNSTARTED), answer
     assert runs(settings.data_dir) == []
