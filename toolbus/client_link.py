@@ -279,10 +279,14 @@ class Link:
         inbound.process(message)
         if inbound.last_seq - self.acked >= self._settings.ack_every:
             return True
-        if self._ack_timer is None and inbound.last_seq > self.acked:
+        self._arm_idle(ws, loop)
+        return False
+
+    def _arm_idle(self, ws: ClientConnection, loop: asyncio.AbstractEventLoop) -> None:
+        """Arm the quiet-socket ack (SPEC D2) if an ack is pending and no timer runs."""
+        if self._ack_timer is None and self._inbound.last_seq > self.acked:
             due = self.last_frame + self._settings.ack_idle
             self._ack_timer = loop.call_at(due, self._idle_ack, ws)
-        return False
 
     def _message(self, ws: ClientConnection, loop: asyncio.AbstractEventLoop, raw: bytes) -> None:
         """:attr:`Connection.on_message`: :meth:`_frame`, then the ack it asks for, sent
@@ -292,10 +296,23 @@ class Link:
             self._spawn(self._ack_soon(ws))
 
     async def _ack_soon(self, ws: ClientConnection) -> None:
+        """The ack :meth:`_message` asked for. The events the read callback handled while
+        it waited for the socket (a full send buffer) asked for none (SPEC D2): as the
+        read loop does for the frames it reads after its own ack, they are acked again
+        at once when ``ack_every`` of them wait (while acks get through), else the
+        quiet-socket timer is armed for them."""
         try:
-            await self._ack_quietly(ws)
+            sent = -1
+            every = self._settings.ack_every
+            while (
+                ws is self.ws and sent < self.acked and self._inbound.last_seq - self.acked >= every
+            ):
+                sent = self.acked
+                await self._ack_quietly(ws)
         finally:
             self._acking = False
+        if ws is self.ws:
+            self._arm_idle(ws, asyncio.get_running_loop())
 
     def _idle_ack(self, ws: ClientConnection) -> None:
         """Timer callback: ack once no frame arrived for ``ack_idle`` seconds (SPEC D2).
