@@ -80,6 +80,19 @@ TOOLS = (
     requires_approval: true
     timeout: 0
     handler: tests.gateway.test_j6_crash_unstarted:hold
+  - name: gated_die
+    description: die_at_start, behind the user's approval.
+    capability: t.crash
+    requires_approval: true
+    handler: tests.gateway.test_j6_crash_unstarted:die_at_start
+  - name: gated_job_die
+    description: An idempotent job behind the user's approval whose handler kills its
+      process at its first start (a re-run after the restart, SPEC J5, just ends).
+    capability: t.crash
+    mode: async
+    idempotent: true
+    requires_approval: true
+    handler: tests.gateway.test_j6_crash_unstarted:die_once
 """
 )
 PROFILES = "profiles:\n  demo:\n    capabilities: [t.crash]\n"
@@ -112,6 +125,15 @@ def hold(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
 def die_at_start(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     _note(ctx)
     os.kill(os.getpid(), signal.SIGKILL)
+    return {"survived": ctx.call_id}
+
+
+def die_once(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+    _note(ctx)
+    marker = Path(ctx.data_dir) / f"died-{ctx.call_id}"
+    if not marker.exists():
+        marker.touch()
+        os.kill(os.getpid(), signal.SIGKILL)
     return {"survived": ctx.call_id}
 
 
@@ -447,6 +469,147 @@ async def test_j6_a_call_waiting_for_its_approval_at_a_crash_says_it_did_not_run
         async with peer(gw) as other:
             await other.invoke("g1", "gated_hold", {})
             assert _error(await other.terminal("g1")) == _error(ended)
+    assert runs(settings.data_dir) == []
+
+
+async def test_j6_an_approved_call_whose_handler_started_at_a_crash_says_it_ran(
+    tmp_path: Path,
+    store_backend: str,  # noqa: F811
+) -> None:
+    """SPEC J6, A3, I15: `g1` waits for its approval; the user allows it and its handler
+    kills the server at its very start. It ran: after the restart the resumed session
+    and a re-send from another session of the principal get ``cancelled`` "the server
+    restarted while this call ran", never "it did not run", and it does not run again."""
+    settings = crash_settings(tmp_path)
+    async with (
+        script_server(SERVER_SCRIPT, str(tmp_path)) as first,
+        peer_at(f"ws://127.0.0.1:{first.port}/") as p,
+    ):
+        await p.invoke("g1", "gated_die", {})
+        start = await p.expect("tool_start", call_id="g1")
+        await p.send(
+            {
+                "type": "tool.confirm",
+                "id": "r1",
+                "approval_id": start["approval_id"],
+                "decision": "allow",
+            }
+        )
+        async with asyncio.timeout(WAIT):
+            await first.proc.wait()  # g1's handler killed it
+    assert first.proc.returncode == -9
+    assert runs(settings.data_dir) == ["g1"]
+    async with running(settings) as gw:
+        async with peer(gw, **resume_fields(p, start["seq"])) as again:
+            assert again.welcome["resumed"] is True
+            answer = await again.terminal("g1")
+            await again.invoke("g1", "gated_die", {})
+            resent = await again.terminal("g1")
+        assert _error(answer) == ("call.error", ErrorCode.CANCELLED, RESTARTED)
+        assert _error(resent) == _error(answer)
+        async with peer(gw) as other:
+            await other.invoke("g1", "gated_die", {})
+            assert _error(await other.terminal("g1")) == _error(answer)
+    assert runs(settings.data_dir) == ["g1"]
+
+
+async def test_j6_an_approved_job_whose_handler_started_at_a_crash_is_not_said_unstarted(
+    tmp_path: Path,
+    store_backend: str,  # noqa: F811
+) -> None:
+    """SPEC J6, A3: `g1`, an idempotent job behind approval, is allowed; its handler
+    kills the server at its start. After the restart nothing may say `g1` "did not run"."""
+    settings = crash_settings(tmp_path)
+    async with (
+        script_server(SERVER_SCRIPT, str(tmp_path)) as first,
+        peer_at(f"ws://127.0.0.1:{first.port}/") as p,
+    ):
+        await p.invoke("g1", "gated_job_die", {})
+        start = await p.expect("tool_start", call_id="g1")
+        await p.send(
+            {
+                "type": "tool.confirm",
+                "id": "r1",
+                "approval_id": start["approval_id"],
+                "decision": "allow",
+            }
+        )
+        async with asyncio.timeout(WAIT):
+            await first.proc.wait()
+    assert first.proc.returncode == -9
+    assert runs(settings.data_dir) == ["g1"]
+    async with running(settings) as gw:
+        async with peer(gw, **resume_fields(p, start["seq"])) as again:
+            assert again.welcome["resumed"] is True
+            seen = await barrier(again)
+            await again.invoke("g1", "gated_job_die", {})
+            resent = await again.terminal("g1")
+        assert all(m.get("message") != UNSTARTED for m in [*seen, resent]), [*seen, resent]
+
+
+async def test_j6_a_denied_call_at_a_crash_keeps_its_declined_result(
+    tmp_path: Path,
+    store_backend: str,  # noqa: F811
+) -> None:
+    """SPEC J6, A5, I15: `g1` is denied just before the kill; after the restart a re-send
+    from the session and from another of the principal gets the declined result."""
+    settings = crash_settings(tmp_path)
+    async with (
+        script_server(SERVER_SCRIPT, str(tmp_path)) as first,
+        peer_at(f"ws://127.0.0.1:{first.port}/") as p,
+    ):
+        await p.invoke("g1", "gated_hold", {})
+        start = await p.expect("tool_start", call_id="g1")
+        await p.send(
+            {
+                "type": "tool.confirm",
+                "id": "r1",
+                "approval_id": start["approval_id"],
+                "decision": "deny",
+            }
+        )
+        declined = await p.terminal("g1")
+        await first.crash()
+    assert declined["type"] == "result", declined
+    assert declined["result"]["declined"], declined
+    async with running(settings) as gw:
+        async with peer(gw, **resume_fields(p, declined["seq"])) as again:
+            await again.invoke("g1", "gated_hold", {})
+            resent = await again.terminal("g1")
+        async with peer(gw) as other:
+            await other.invoke("g1", "gated_hold", {})
+            elsewhere = await other.terminal("g1")
+    assert resent["result"] == declined["result"] == elsewhere["result"]
+    assert runs(settings.data_dir) == []
+
+
+async def test_j6_several_pending_approvals_at_a_crash_all_say_they_did_not_run(
+    tmp_path: Path,
+    store_backend: str,  # noqa: F811
+) -> None:
+    """SPEC J6, A4, I15: three calls wait for their approvals at the kill; each ends
+    ``unavailable`` "did not run"; bob re-sending the same call id is not answered
+    with alice's record (his own call runs: he has no approval for it, so it waits)."""
+    settings = crash_settings(tmp_path)
+    async with (
+        script_server(SERVER_SCRIPT, str(tmp_path)) as first,
+        peer_at(f"ws://127.0.0.1:{first.port}/") as p,
+    ):
+        for call_id in ("g1", "g2", "g3"):
+            await p.invoke(call_id, "gated_hold", {})
+            last = await p.expect("tool_start", call_id=call_id)
+        await first.crash()
+    async with running(settings) as gw:
+        async with peer(gw, **resume_fields(p, last["seq"])) as again:
+            seen = await barrier(again)
+        ends = {m["call_id"]: _error(m) for m in seen if m["type"] == "call.error"}
+        assert ends == {
+            c: ("call.error", ErrorCode.UNAVAILABLE, UNSTARTED) for c in ("g1", "g2", "g3")
+        }
+        async with peer(gw, token="bob-token") as bob:
+            await bob.invoke("g2", "gated_hold", {})
+            start = await bob.expect("tool_start", call_id="g2")
+            assert start["approval_id"]
     assert runs(settings.data_dir) == []
 
 
