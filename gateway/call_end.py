@@ -56,6 +56,8 @@ class Call:
     tool_name: str
     params: dict[str, Any]
     started: float
+    """``time.perf_counter()`` when it was admitted (or adopted, SPEC N6): the audit
+    record's ``duration_ms`` and the latency metric count from it (SPEC I11, O2)."""
     tool: ToolDef | None = None
     approval: dict[str, Any] | None = None
     job_id: str | None = None

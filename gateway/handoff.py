@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+import time
 from typing import Any
 
 from gateway.approval_gate import pending_note
@@ -43,13 +43,11 @@ class Handoff:
     Args:
         pipeline: this node's calls in flight, its approvals, ledger and catalog.
         metrics: the ``pending_approvals`` gauge.
-        clock: Unix time in seconds.
     """
 
-    def __init__(self, pipeline: Pipeline, metrics: Metrics, clock: Callable[[], float]) -> None:
+    def __init__(self, pipeline: Pipeline, metrics: Metrics) -> None:
         self._pipeline = pipeline
         self._metrics = metrics
-        self._clock = clock
 
     async def drain(self, deadline: float) -> int:
         """A node's drain (SPEC N6): hand off the calls waiting for approval, at once and
@@ -115,7 +113,9 @@ class Handoff:
         tool_name = str(note.get("tool", ""))
         params = handoff.get("params")
         params = params if isinstance(params, dict) else {}
-        call = Call(session, call_id, tool_name, params, self._clock())
+        # Call.started is perf_counter time (SPEC I11: the audit's duration, the latency
+        # metric): the call's time here counts from its adoption.
+        call = Call(session, call_id, tool_name, params, time.perf_counter())
         pipeline.ledger.open(session, call_id, tool_name, params_hash(params))
         approval = pipeline.gate.approvals.restore(
             approval_id,

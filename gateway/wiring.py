@@ -416,7 +416,7 @@ def build_gateway(
 
         node.requests = NodeRequests(node.store, approvals, pipeline, jobs, elicitations, clock)
         connection_parts.requests.routes = node.requests
-    handoff = Handoff(pipeline, metrics, clock)
+    handoff = Handoff(pipeline, metrics)
     recovery = Recovery(
         store,
         catalog,

@@ -12,8 +12,18 @@ import pytest
 from gateway.config import DEMO_DIR, Settings
 from gateway.demo import handlers
 from gateway.server import Gateway
+from tests.gateway.tools_for_tests import audit_records
 from tests.pg_support import store_backend  # noqa: F401 (fixture: SQLite, PostgreSQL)
-from tests.support import CONVERT, Peer, peer, peer_at, running, script_server, settings_for
+from tests.support import (
+    CONVERT,
+    WAIT,
+    Peer,
+    peer,
+    peer_at,
+    running,
+    script_server,
+    settings_for,
+)
 
 UNSTARTED = "the server restarted before this call started; it did not run"
 """The wire text of a call a crash cut off before its handler started (SPEC J6)."""
@@ -174,8 +184,19 @@ async def test_restart_after_drain_resumes_without_loss(
         state = await before_restart(p)
         p.ws.transport.abort()
         await first.drain()
-    async with running(settings) as second:
-        await after_restart(second, p, state, drained=True)
+    with audit_records() as records:
+        async with running(settings) as second:
+            await after_restart(second, p, state, drained=True)
+            # SPEC I11, O2: the adopted call's time counts from its adoption on this
+            # server (it was measured against the wall clock, about -1.8e12 ms).
+            spent = second.metrics.registry.get_sample_value(
+                "toolbus_invoke_seconds_sum", {"mode": "sync"}
+            )
+            assert spent is not None
+            assert 0 <= spent < WAIT
+    gated = [r for r in records if r["call_id"] == "gated"]
+    assert [(r["outcome"], r["tool"]) for r in gated] == [("rejected_by_user", "notes_delete")]
+    assert 0 <= gated[0]["duration_ms"] < WAIT * 1000
 
 
 @pytest.mark.usefixtures("store_backend")
