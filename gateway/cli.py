@@ -84,8 +84,10 @@ def _settings(args: argparse.Namespace) -> Settings:
     except yaml.YAMLError as exc:
         raise ConfigError(f"{where}: not valid YAML: {_yaml_problem(exc)}") from exc
     except pydantic_settings.SettingsError as exc:
-        # e.g. TOOLBUS_SERVER='{' : the variable is named in the message (SPEC O4).
-        raise ConfigError(f"{where}: {exc}") from exc
+        # e.g. TOOLBUS_SERVER__ORIGINS=https://a.example: pydantic-settings names only the
+        # section; name the variable and what its value must be (SPEC O4).
+        named = _unparsable_env()
+        raise ConfigError(f"{where}: {named or exc}") from exc
     except pydantic.ValidationError as exc:
         lines = [f"{where}: {len(exc.errors())} problem(s):"]
         for error in exc.errors(include_url=False):
@@ -106,6 +108,38 @@ def _from_env(loc: tuple[int | str, ...]) -> str:
     name = "TOOLBUS_" + "__".join(parts).upper()
     set_names = {key.upper() for key in os.environ}
     return f" (from {name})" if name in set_names else ""
+
+
+def _unparsable_env() -> str | None:
+    """The first ``TOOLBUS_*`` environment variable whose value must be JSON (a section,
+    or a key holding a list or a mapping) and is not, with what it should look like;
+    ``None`` when there is none (SPEC O4)."""
+    import json
+    import typing
+
+    sections = Settings.model_fields
+    for name, value in sorted(os.environ.items()):
+        parts = name.upper().removeprefix("TOOLBUS_").lower().split("__")
+        if not name.upper().startswith("TOOLBUS_") or parts[0] not in sections:
+            continue
+        kind = "a mapping"
+        if len(parts) == 2:
+            section = sections[parts[0]].annotation
+            fields = getattr(section, "model_fields", {})
+            if parts[1] not in fields:
+                continue
+            origin = typing.get_origin(fields[parts[1]].annotation)
+            if origin not in (list, tuple, set, frozenset, dict):
+                continue
+            kind = "a mapping" if origin is dict else "a list"
+        elif len(parts) != 1 or typing.get_origin(sections[parts[0]].annotation) is not None:
+            continue
+        try:
+            json.loads(value)
+        except ValueError:
+            example = """'["a", "b"]'""" if kind == "a list" else """'{"key": 1}'"""
+            return f"{name}: not JSON; {kind} is written as JSON here, e.g. {name}={example}"
+    return None
 
 
 def _yaml_problem(exc: yaml.YAMLError) -> str:
@@ -385,8 +419,18 @@ def cmd_schema(args: argparse.Namespace) -> int:
     stale = existing - set(files)
     changed = [p for p, data in files.items() if not p.exists() or p.read_bytes() != data]
     if args.check:
-        for path in sorted(changed) + sorted(stale):
-            print(f"drift: {path}", file=sys.stderr)
+        if not root.is_dir():
+            # The repository's schema/ is relative to where the command runs.
+            print(
+                f"toolbus schema --check: no folder {root} here (run it in the repository "
+                "root, or give --out)",
+                file=sys.stderr,
+            )
+            return 1
+        for path in sorted(changed):
+            print(f"{'differs' if path.exists() else 'missing'}: {path}", file=sys.stderr)
+        for path in sorted(stale):
+            print(f"not generated: {path}", file=sys.stderr)
         return 1 if changed or stale else 0
     for path, data in files.items():
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -486,7 +530,7 @@ def parser() -> argparse.ArgumentParser:
     cat.set_defaults(func=cmd_catalog)
 
     schema = sub.add_parser("schema", help="regenerate schema/ from protocol/")
-    schema.add_argument("--out", default="schema")
+    schema.add_argument("--out", default="schema", help="the folder (default: ./schema)")
     schema.add_argument("--check", action="store_true", help="exit 1 if schema/ differs")
     schema.set_defaults(func=cmd_schema)
 

@@ -244,7 +244,9 @@ class NodesConfig(_Section):
 
     node_id: str | None = Field(None, min_length=1, max_length=100, pattern=r"^[\x21-\x7e]+$")
     """This process's node id (printable ASCII, no spaces). ``None``: generated at start,
-    ``host-pid-random``, so that a restarted process is a new node. Logged at start."""
+    ``host-pid-random``, so that a restarted process is a new node. Logged at start
+    with a PostgreSQL store (``node ... registered``); the SQLite store, one process,
+    has no use for it."""
     lease_interval: float = Field(1.0, gt=0)
     """Seconds between two renewals of this node's liveness lease (SPEC N4)."""
     lease_ttl: float = Field(5.0, gt=0)
@@ -403,7 +405,8 @@ def reference_markdown() -> str:
         "variables `TOOLBUS_<SECTION>__<KEY>` override it (SPEC O4). Times are in seconds,",
         "sizes in bytes. Relative paths in the file are relative to the file's folder;",
         "relative paths from the environment or the command line are relative to the",
-        "working directory. Example:",
+        "working directory. A list or a mapping set from the environment is written as",
+        "JSON (`TOOLBUS_SERVER__ORIGINS='[\"https://a.example\"]'`). Example:",
         "",
         "```yaml",
         "data_dir: /var/lib/toolbus",

@@ -343,7 +343,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="KEY=VALUE",
         help="session context entry (repeatable)",
     )
-    parser.add_argument("--confirm-tool-calls", action="store_true", help="approve every call")
+    parser.add_argument(
+        "--confirm-tool-calls",
+        action="store_true",
+        help="ask for your approval of every call, not only of those that need it (SPEC A1)",
+    )
     args = parser.parse_args(list(argv) if argv is not None else None)
     return asyncio.run(run(args))
 

@@ -82,10 +82,28 @@ def test_schema_writes_and_detects_drift(
     (out / "messages" / "invoke.json").write_text("{}")
     (out / "stale.json").write_text("{}")
     capsys.readouterr()
+    (out / "messages" / "welcome.json").unlink()
     assert main(["schema", "--check", "--out", str(out)]) == 1
-    err = capsys.readouterr().err
-    assert "invoke.json" in err
-    assert "stale.json" in err
+    err = capsys.readouterr().err.splitlines()
+    assert sorted(err) == sorted(
+        [
+            f"differs: {out / 'messages' / 'invoke.json'}",
+            f"missing: {out / 'messages' / 'welcome.json'}",
+            f"not generated: {out / 'stale.json'}",
+        ]
+    )
+
+
+def test_schema_check_names_a_missing_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`toolbus schema --check` run outside the repository (no ./schema) says so in one
+    line, instead of a line of drift per file."""
+    assert main(["schema", "--check", "--out", str(tmp_path / "schema")]) == 1
+    assert capsys.readouterr().err == (
+        f"toolbus schema --check: no folder {tmp_path / 'schema'} here (run it in the "
+        "repository root, or give --out)\n"
+    )
 
 
 def test_token_mints_hash_only(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

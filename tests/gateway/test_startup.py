@@ -412,8 +412,27 @@ def test_config_folder_and_bad_env_named(
     monkeypatch.setenv("TOOLBUS_SERVER", "{")
     assert main(["check"]) == 2
     assert capsys.readouterr().err == (
-        'configuration: error parsing value for field "server" from source "EnvSettingsSource"\n'
+        "configuration: TOOLBUS_SERVER: not JSON; a mapping is written as JSON here, "
+        """e.g. TOOLBUS_SERVER='{"key": 1}'\n"""
     )
+
+
+@pytest.mark.parametrize("name", ["TOOLBUS_SERVER__ORIGINS", "TOOLBUS_CATALOG__TOOLS"])
+def test_o4_a_list_in_the_environment_that_is_not_json_is_named(
+    name: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SPEC O4: a key holding a list, set from the environment as a bare value (not
+    JSON), is named with the form it needs (pydantic-settings names only its section);
+    the same value as JSON is taken."""
+    monkeypatch.setenv(name, "https://a.example")
+    assert main(["check"]) == 2
+    assert capsys.readouterr().err == (
+        f"configuration: {name}: not JSON; a list is written as JSON here, "
+        f"""e.g. {name}='["a", "b"]'\n"""
+    )
+    monkeypatch.setenv("TOOLBUS_SERVER__ORIGINS", '["https://a.example"]')
+    monkeypatch.delenv("TOOLBUS_CATALOG__TOOLS", raising=False)
+    assert main(["check"]) == 0
 
 
 def test_token_refuses_to_extend_a_malformed_file(
