@@ -95,7 +95,11 @@ class Handoff:
         await asyncio.gather(*moved, return_exceptions=True)
         self._metrics.handoffs.labels("released").inc(len(moved))
         if moved:
-            logger.info("drain: %d call(s) pending approval handed to other nodes", len(moved))
+            logger.info(
+                "drain: %d call(s) pending approval handed off (to another node, or to the "
+                "next start)",
+                len(moved),
+            )
         return len(moved)
 
     def adopt(self, session: Session, call_id: str, note: dict[str, Any]) -> bool:

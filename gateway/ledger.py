@@ -314,7 +314,11 @@ class CallLedger:
         for row in rows:
             self._interrupt(row, (row.tenant, row.user, row.call_id) in unstarted)
         if rows:
-            logger.info("%d call ids cut off by the restart recorded as cancelled", len(rows))
+            logger.info(
+                "%d call ids cut off by the restart recorded as ended (cancelled, or "
+                "unavailable for those that had not started)",
+                len(rows),
+            )
         return len(rows)
 
     def purge(self) -> None:

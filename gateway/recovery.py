@@ -16,8 +16,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import replace
+from typing import Any
 
 from catalog.model import ToolDef
+from gateway import audit
 from gateway.authority import Authority
 from gateway.catalog_state import CatalogState
 from gateway.context import ToolContext
@@ -33,6 +35,7 @@ from gateway.store import JobRow, LedgerRow, Store
 from protocol import messages as m
 from protocol.codec import decode_json
 from protocol.errors import ErrorCode
+from protocol.outcomes import CallOutcome
 
 logger = logging.getLogger("gateway.server")
 
@@ -220,6 +223,7 @@ class Recovery:
             code, message = ErrorCode.CANCELLED, RESTARTED
         body = session.emit(m.CallError(call_id=call_id, tool=tool, code=code, message=message))
         session.call_done(call_id, body)
+        _audit_cut_off(session, call_id, tool, code, approval_id, self._clock())
         return bool(approval_id)
 
     def _rerun_plan(
@@ -233,3 +237,38 @@ class Recovery:
             return plan
         tool, ctx, post = plan
         return tool, replace(ctx, recheck=self._authority.gate(session, tool.name)), post
+
+
+def _audit_cut_off(
+    session: Session, call_id: str, tool: str, code: ErrorCode, approval_id: str | None, now: float
+) -> None:
+    """SPEC I11: the audit record of a call a restart (or a dead node) cut off. The
+    process that ran it died before it could write one; its duration and parameters
+    died with it (``null``). A pending approval it waited on is recorded as resolved
+    ``denied`` ``disconnected`` by the server at ``now`` (Unix seconds), as the session
+    was told (SPEC A4, A6)."""
+    if not audit.enabled():
+        return
+    approval: dict[str, Any] | None = None
+    if approval_id:
+        approval = {
+            "approval_id": approval_id,
+            "resolution": m.Resolution.DENIED.value,
+            "reason": m.ResolutionReason.DISCONNECTED.value,
+            "always": False,
+            "at": now,
+            "by": "server",
+        }
+    audit.record(
+        tool=tool,
+        outcome=CallOutcome(code.value).value,
+        profile=session.profile.name,
+        user=session.user,
+        session=session.id,
+        call_id=call_id,
+        duration_ms=None,
+        params=None,
+        approval=approval,
+        job_id=None,
+        code=code.value,
+    )

@@ -210,5 +210,23 @@ async def test_restart_after_crash_resumes_without_loss(tmp_path: Path) -> None:
         state = await before_restart(p)
         await first.crash()
     assert first.proc.returncode == -9
-    async with running(restart_settings(tmp_path)) as second:
-        await after_restart(second, p, state)
+    with audit_records() as records:
+        async with running(restart_settings(tmp_path)) as second:
+            await after_restart(second, p, state)
+    # SPEC I11: the killed process never wrote the record of the call it held pending
+    # approval; the restart that ends it does, once (the re-send answers its record).
+    gated = [r for r in records if r["call_id"] == "gated"]
+    assert [(r["tool"], r["outcome"], r["code"], r["duration_ms"]) for r in gated] == [
+        ("notes_delete", "unavailable", "unavailable", None)
+    ]
+    assert (gated[0]["session"], gated[0]["user"], gated[0]["profile"]) == (
+        p.welcome["session_id"],
+        "alice",
+        "demo",
+    )
+    approval = gated[0]["approval"]
+    assert (approval["approval_id"], approval["resolution"], approval["reason"]) == (
+        state["approval_id"],
+        "denied",
+        "disconnected",
+    )
