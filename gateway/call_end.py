@@ -233,16 +233,21 @@ class CallEnd:
         """SPEC I11: one audit record per call, sensitive params redacted."""
         session = call.session
         sensitive = call.tool.sensitive if call.tool else ()
-        audit.record(
-            tool=call.tool_name,
-            outcome=outcome.value,
-            profile=session.profile.name,
-            user=session.user,
-            session=session.id,
-            call_id=call.call_id,
-            duration_ms=round(elapsed * 1000, 3),
-            params=audit.redact(call.params, sensitive, self.calls.audit_param_bytes),
-            approval=call.approval,
-            job_id=call.job_id,
-            code=code,
+        # Written once the call's end is durable: a process killed before that commit
+        # (or a drain that closed the store with the call still running) leaves the
+        # record to the restart that ends the call (gateway.recovery), not two.
+        session.outbox.audit(
+            {
+                "tool": call.tool_name,
+                "outcome": outcome.value,
+                "profile": session.profile.name,
+                "user": session.user,
+                "session": session.id,
+                "call_id": call.call_id,
+                "duration_ms": round(elapsed * 1000, 3),
+                "params": audit.redact(call.params, sensitive, self.calls.audit_param_bytes),
+                "approval": call.approval,
+                "job_id": call.job_id,
+                "code": code,
+            }
         )

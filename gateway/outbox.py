@@ -28,6 +28,7 @@ from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from gateway import audit
 from gateway.store import StoreError, StoreUnavailable
 from gateway.wslib import ConnectionClosed, Socket
 from protocol.errors import CloseCode, close_reason
@@ -335,6 +336,8 @@ class Outbox:
         """Durable frames whose commit failed, oldest first (SPEC D6)."""
         self._held_bytes: dict[Link, tuple[int, int]] = {}
         """Per socket: bytes of its first held frame, and of all of them (SPEC D5)."""
+        self._audits: list[dict[str, Any]] = []
+        """Audit records waiting for the commit of what was staged before them (I11)."""
         self._scheduled = False
         self._closed = False
         self.unavailable_after = unavailable_after
@@ -378,6 +381,19 @@ class Outbox:
         self._pending.append((recipient, data, durable))
         self.soon()
 
+    def audit(self, fields: dict[str, Any]) -> None:
+        """Write the audit record ``fields`` (SPEC I11) once what is staged now, the end
+        of its call, is durable: with the next successful commit, before its frames are
+        delivered. A process killed before that commit, or a call that ends after
+        :meth:`close` (a drain closed the store with its handler still running), writes
+        none: the next start (or the node that claims this one) finds the call still
+        running, ends it and writes its record (:mod:`gateway.recovery`); one record
+        per call, never two. Dropped once :meth:`close` ran."""
+        if self._closed:
+            return
+        self._audits.append(fields)
+        self.soon()
+
     def flush(self) -> bool:
         """Commit what is staged, then deliver the queued frames in order.
 
@@ -400,6 +416,10 @@ class Outbox:
         if self._held:
             pending, self._held = self._held + pending, []
             self._held_bytes.clear()
+        if self._audits:
+            written, self._audits = self._audits, []
+            for fields in written:
+                audit.record(**fields)
         _deliver(pending)
         return True
 
@@ -533,6 +553,7 @@ class Outbox:
         self._settle(False)
         self._held.clear()
         self._held_bytes.clear()
+        self._audits.clear()
         for timer in (self._timer, self._settler):
             if timer is not None:
                 timer.cancel()

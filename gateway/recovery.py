@@ -223,7 +223,7 @@ class Recovery:
             code, message = ErrorCode.CANCELLED, RESTARTED
         body = session.emit(m.CallError(call_id=call_id, tool=tool, code=code, message=message))
         session.call_done(call_id, body)
-        _audit_cut_off(session, call_id, tool, code, approval_id, self._clock())
+        _audit_cut_off(session, call_id, tool, code, approval_id, self._clock(), self._outbox)
         return bool(approval_id)
 
     def _rerun_plan(
@@ -240,13 +240,20 @@ class Recovery:
 
 
 def _audit_cut_off(
-    session: Session, call_id: str, tool: str, code: ErrorCode, approval_id: str | None, now: float
+    session: Session,
+    call_id: str,
+    tool: str,
+    code: ErrorCode,
+    approval_id: str | None,
+    now: float,
+    outbox: Outbox,
 ) -> None:
     """SPEC I11: the audit record of a call a restart (or a dead node) cut off. The
     process that ran it died before it could write one; its duration and parameters
     died with it (``null``). A pending approval it waited on is recorded as resolved
     ``denied`` ``disconnected`` by the server at ``now`` (Unix seconds), as the session
-    was told (SPEC A4, A6)."""
+    was told (SPEC A4, A6). Written by ``outbox`` once the call's end is durable (a
+    start killed before that leaves it to the next one)."""
     if not audit.enabled():
         return
     approval: dict[str, Any] | None = None
@@ -259,16 +266,18 @@ def _audit_cut_off(
             "at": now,
             "by": "server",
         }
-    audit.record(
-        tool=tool,
-        outcome=CallOutcome(code.value).value,
-        profile=session.profile.name,
-        user=session.user,
-        session=session.id,
-        call_id=call_id,
-        duration_ms=None,
-        params=None,
-        approval=approval,
-        job_id=None,
-        code=code.value,
+    outbox.audit(
+        {
+            "tool": tool,
+            "outcome": CallOutcome(code.value).value,
+            "profile": session.profile.name,
+            "user": session.user,
+            "session": session.id,
+            "call_id": call_id,
+            "duration_ms": None,
+            "params": None,
+            "approval": approval,
+            "job_id": None,
+            "code": code.value,
+        }
     )

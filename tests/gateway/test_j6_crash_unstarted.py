@@ -15,13 +15,16 @@ the durable record a restart reads.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import signal
 import sqlite3
+import sys
 import threading
 import time
 import urllib.request
+from asyncio.subprocess import PIPE
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +32,7 @@ import orjson
 import psycopg
 
 from gateway.context import ToolContext
+from gateway.server import Gateway
 from gateway.store_journal import SUFFIX
 from gateway.store_pg_batch import cid
 from protocol.errors import ErrorCode
@@ -74,6 +78,12 @@ TOOLS = (
       SIGKILL before anything else (no commit can run between its start and the kill).
     capability: t.crash
     handler: tests.gateway.test_j6_crash_unstarted:die_at_start
+  - name: hold_fifo
+    description: A plain handler that notes its run, then holds its worker thread until
+      the test writes to the FIFO release-<call id> in the data folder.
+    capability: t.crash
+    timeout: 0
+    handler: tests.gateway.test_j6_crash_unstarted:hold_fifo
   - name: gated_hold
     description: hold, behind the user's approval.
     capability: t.crash
@@ -119,6 +129,12 @@ def _note(ctx: ToolContext) -> None:
 def hold(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     _note(ctx)
     _hold(ctx.call_id).wait(WAIT * 6)
+    return {"held": ctx.call_id}
+
+
+def hold_fifo(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+    _note(ctx)
+    (Path(ctx.data_dir) / f"release-{ctx.call_id}").read_text()  # until the test writes
     return {"held": ctx.call_id}
 
 
@@ -172,6 +188,7 @@ def _written(path: Path, text: str) -> Path:
 # A server in its own process, so that it can be killed without any chance to clean up.
 SERVER_SCRIPT = """
 import asyncio, sys
+from asyncio.subprocess import PIPE
 from pathlib import Path
 from gateway.server import Gateway
 from tests.gateway.test_j6_crash_unstarted import crash_settings
@@ -676,3 +693,145 @@ async def test_j6_a_call_waiting_for_approval_of_a_session_expired_at_the_restar
             answer = await other.terminal("g1")
     assert _error(answer) == ("call.error", ErrorCode.UNAVAILABLE, UNSTARTED), answer
     assert runs(settings.data_dir) == []
+
+
+# The crash server with its audit file (``data_dir/audit.jsonl``), as ``toolbus serve``.
+AUDIT_SERVER_SCRIPT = """
+import asyncio, sys
+from asyncio.subprocess import PIPE
+from pathlib import Path
+from gateway import logs
+from gateway.server import Gateway
+from tests.gateway.test_j6_crash_unstarted import crash_settings
+
+async def main():
+    settings = crash_settings(Path(sys.argv[1]))
+    logs.setup("warning", False, settings.data_dir / "audit.jsonl")
+    gateway = Gateway(settings)
+    await gateway.start()
+    print(gateway.port, flush=True)
+    await asyncio.Event().wait()
+
+asyncio.run(main())
+"""
+
+
+def _file_records(data_dir: Path) -> list[dict[str, Any]]:
+    """The audit records a server process wrote to ``data_dir/audit.jsonl``."""
+    path = data_dir / "audit.jsonl"
+    lines = path.read_bytes().splitlines() if path.exists() else []
+    return [orjson.loads(line) for line in lines if line.strip()]
+
+
+def _metric(port: int, sample: str) -> float:
+    """The value of ``sample`` (a metric's name and labels) at ``port`` (SPEC O2), 0 when
+    the server has none yet."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=WAIT) as answer:
+        text = answer.read().decode()
+    found = re.search(rf"^{re.escape(sample)} (\S+)$", text, re.M)
+    return 0.0 if found is None else float(found.group(1))
+
+
+async def _metric_above_zero(port: int, sample: str) -> None:
+    async with asyncio.timeout(WAIT):  # another process's state: polled
+        while await asyncio.to_thread(_metric, port, sample) == 0:  # noqa: ASYNC110
+            await asyncio.sleep(MS)
+
+
+async def test_i11_a_call_ended_while_commits_failed_is_audited_once_after_a_crash(
+    tmp_path: Path,
+) -> None:
+    """SPEC I11, I12, D6: `h1`'s handler runs; the SQLite file is locked by another
+    process and a commit fails; `h1` ends while commits fail, so its result is held
+    (never sent unstored) and its end is not durable. The process is SIGKILLed after
+    it wrote `h1`'s audit record; the restart ends `h1` ``cancelled``. The audit has
+    exactly one record of `h1` over both processes, not the killed process's ``ok``
+    and the restart's ``cancelled``."""
+    from tests.gateway.store_faults import LOCKER
+    from tests.gateway.tools_for_tests import audit_records
+
+    settings = crash_settings(tmp_path)
+    data_dir = settings.data_dir
+    db = data_dir / "toolbus.db"
+    release = data_dir / "release-h1"
+    async with (
+        script_server(AUDIT_SERVER_SCRIPT, str(tmp_path)) as first,
+        peer_at(f"ws://127.0.0.1:{first.port}/") as p,
+    ):
+        os.mkfifo(release)
+        await p.invoke("h1", "hold_fifo", {})
+        start = await p.expect("tool_start", call_id="h1")
+        await until(lambda: runs(data_dir) == ["h1"], "h1's handler to run")
+        locker = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", LOCKER, str(db), stdin=PIPE, stdout=PIPE
+        )
+        try:
+            assert locker.stdout is not None
+            assert await locker.stdout.readline() == b"locked\n"
+            # A flush journals the session row; the commit it owes fails (SPEC D6).
+            await p.send({"type": "context.update", "id": "probe", "context": {}})
+            await p.expect("context", id="probe")
+            await _metric_above_zero(first.port, "toolbus_store_commit_failures_total")
+            await asyncio.to_thread(release.write_text, "go")
+            await _metric_above_zero(first.port, 'toolbus_invocations_total{outcome="ok"}')
+            # h1 ended there. An audit line it wrote would reach the file one batch
+            # (BatchHandler.DELAY, 20 ms) later: give it ample time, then kill.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(0.5):
+                    while not any(r["call_id"] == "h1" for r in _file_records(data_dir)):  # noqa: ASYNC110
+                        await asyncio.sleep(MS)
+            seen = await barrier(p)
+            assert not [m for m in seen if m.get("call_id") == "h1"], "h1's end was held"
+            await first.crash()
+        finally:
+            if locker.returncode is None:
+                locker.kill()
+            await locker.communicate()
+    before = [r for r in _file_records(data_dir) if r["call_id"] == "h1"]
+    with audit_records() as records:
+        async with (
+            running(settings) as gw,
+            peer(gw, **resume_fields(p, start["seq"])) as again,
+        ):
+            assert again.welcome["resumed"] is True
+            answer = await again.terminal("h1")
+    after = [r for r in records if r["call_id"] == "h1"]
+    assert _error(answer) == ("call.error", ErrorCode.CANCELLED, RESTARTED)
+    outcomes = [r["outcome"] for r in before + after]
+    assert len(outcomes) == 1, outcomes
+
+
+async def test_i11_a_call_a_drain_cut_off_is_audited_once(tmp_path: Path) -> None:
+    """SPEC I11, S4, J6: `drained1`'s handler holds its thread past
+    ``server.drain_grace``; the drain closes the store with the call still running (its
+    row stays ``running``), and the next start ends it ``cancelled``. One audit record
+    of the call over both servers, the restart's (the drain's own ``cancelled``, its
+    task's end after the store closed, was a second)."""
+    from tests.gateway.tools_for_tests import audit_records
+
+    settings = crash_settings(tmp_path)
+    settings = settings.model_copy(
+        update={"server": settings.server.model_copy(update={"drain_grace": 0.0})}
+    )
+    with audit_records() as records:
+        gw = Gateway(settings)
+        await gw.start()
+        try:
+            async with peer(gw) as p:
+                await p.invoke("drained1", "hold", {})
+                start = await p.expect("tool_start", call_id="drained1")
+                await until(lambda: runs(settings.data_dir) == ["drained1"], "its handler to run")
+                await gw.drain()
+        finally:
+            await gw.drain()
+            _HOLDS.pop("drained1", threading.Event()).set()
+        drained = [r["outcome"] for r in records if r["call_id"] == "drained1"]
+        async with (
+            running(settings) as gw2,
+            peer(gw2, **resume_fields(p, start["seq"])) as again,
+        ):
+            assert again.welcome["resumed"] is True
+            answer = await again.terminal("drained1")
+    assert _error(answer) == ("call.error", ErrorCode.CANCELLED, RESTARTED)
+    outcomes = [r["outcome"] for r in records if r["call_id"] == "drained1"]
+    assert outcomes == ["cancelled"], (drained, outcomes)
