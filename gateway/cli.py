@@ -132,7 +132,8 @@ def _unparsable_env() -> str | None:
             if origin not in (list, tuple, set, frozenset, dict):
                 continue
             kind = "a mapping" if origin is dict else "a list"
-        elif len(parts) != 1 or typing.get_origin(sections[parts[0]].annotation) is not None:
+        elif len(parts) != 1 or not hasattr(sections[parts[0]].annotation, "model_fields"):
+            # A plain top-level value (TOOLBUS_DATA_DIR, a path) is no JSON.
             continue
         try:
             json.loads(value)

@@ -435,6 +435,23 @@ def test_o4_a_list_in_the_environment_that_is_not_json_is_named(
     assert main(["check"]) == 0
 
 
+def test_o4_the_bad_list_is_named_not_a_plain_value_set_beside_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SPEC O4: with a plain value set from the environment (``TOOLBUS_DATA_DIR``, a path:
+    no JSON wanted) beside a list that is not JSON, the list's variable is named, not the
+    path's (whose name sorts first); the path alone is taken."""
+    monkeypatch.setenv("TOOLBUS_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("TOOLBUS_SERVER__ORIGINS", "https://a.example")
+    assert main(["check"]) == 2
+    assert capsys.readouterr().err == (
+        "configuration: TOOLBUS_SERVER__ORIGINS: not JSON; a list is written as JSON here, "
+        """e.g. TOOLBUS_SERVER__ORIGINS='["a", "b"]'\n"""
+    )
+    monkeypatch.delenv("TOOLBUS_SERVER__ORIGINS")
+    assert main(["check"]) == 0
+
+
 def test_token_refuses_to_extend_a_malformed_file(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
