@@ -4,6 +4,7 @@ store claims its work, with the code a restart runs, and the client resumes ther
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import time
 from pathlib import Path
@@ -227,3 +228,45 @@ async def test_n4_frozen_node_is_declared_dead_writes_nothing_and_stops(
         stored = db.execute("SELECT state, node_id FROM jobs WHERE job_id=%s", (job,)).fetchone()
     assert stored == ("failed", "b")
     assert completed(tmp_path) == ["j1"]  # the handler did return on A: nothing of it landed
+
+
+def _audited(folder: Path, call_id: str) -> list[tuple[str, str, Any]]:
+    """``(node, outcome, duration_ms)`` of every audit record of ``call_id`` in the
+    nodes' audit files (``data-<node>/audit.jsonl``, SPEC I11)."""
+    found = []
+    for path in sorted(folder.glob("data-*/audit.jsonl")):
+        for line in path.read_bytes().splitlines():
+            record = json.loads(line)
+            if record["call_id"] == call_id:
+                found.append((path.parent.name[5:], record["outcome"], record["duration_ms"]))
+    return found
+
+
+async def test_i11_a_dead_node_call_settled_for_a_session_held_elsewhere_is_audited_once(
+    tmp_path: Path,
+    pg_url: str,  # noqa: F811
+) -> None:
+    """SPEC I11, N4, J6: `c3` waits for approval on A; the client moves to C; A is
+    killed and B claims its work (it holds none of the session). Over the three nodes'
+    audit files `c3` has one record, B's: ``unavailable``, no duration."""
+    slow = {"nodes": {"node_id": "c", "lease_interval": 30.0, "lease_ttl": 60.0}}
+    async with (
+        nodes(tmp_path, pg_url, "a", "b") as (a, _),
+        nodes(tmp_path, pg_url, "c", **slow) as (c,),
+    ):
+        async with connect(a.url, subprotocols=SUB) as ws_a:
+            on_a = Peer(ws_a)
+            await on_a.hello(options={"confirm_tool_calls": True})
+            await on_a.invoke("c3", "gated_job", {"dir": str(tmp_path)})
+            await on_a.expect("tool_start", call_id="c3")
+            last = max(msg["seq"] for msg in on_a.seen if "seq" in msg)
+        async with connect(c.url, subprotocols=SUB) as ws_c:
+            on_c = Peer(ws_c)
+            assert (await on_c.hello(**resume_fields(on_a, last)))["resumed"] is True
+            await barrier(on_c)
+            a.proc.kill()
+            await a.proc.wait()
+            ended = await on_c.terminal("c3")
+            assert (ended["type"], ended["code"], ended["message"]) == ("call.error", *UNSTARTED)
+            await barrier(on_c)
+    assert _audited(tmp_path, "c3") == [("b", "unavailable", None)]
