@@ -288,6 +288,72 @@ median p50 went from 10.95 to 5.29 ms over 5 interleaved runs, p99 16.4 to 16.0 
 (docs/bench.md, issue 13)."""
 
 
+class CommitFailures:
+    """A run of failed commits (SPEC D6): when the next attempt may come (5 ms after the
+    first failure, doubling up to ``retry_max``), and whether the store counts as
+    unavailable (failing for ``unavailable_after`` s). Logs the run's start, the moment
+    it turns unavailable, and its end, once each.
+
+    Args:
+        unavailable_after: seconds of failing commits before :attr:`unavailable`.
+        retry_max: longest pause between two commit attempts, in seconds.
+        on_failure: called once per failed commit attempt (metrics).
+    """
+
+    RETRY_FIRST = 0.005
+    """First pause, in seconds, before a failed commit is tried again."""
+
+    def __init__(
+        self, unavailable_after: float, retry_max: float, on_failure: Callable[[], None] | None
+    ) -> None:
+        self.unavailable_after = unavailable_after
+        self.retry_max = retry_max
+        self._on_failure = on_failure
+        self.since: float | None = None
+        """``time.monotonic()`` of the run's first failed commit; ``None``: no run."""
+        self.attempts = 0
+        self.next_try = 0.0
+        """``time.monotonic()`` before which no commit is attempted during a run."""
+        self._declared = False
+
+    @property
+    def unavailable(self) -> bool:
+        since = self.since
+        return since is not None and time.monotonic() - since >= self.unavailable_after
+
+    def waiting(self, now: float) -> bool:
+        """Whether a run is on and its next attempt is not due at ``now``."""
+        return self.since is not None and now < self.next_try
+
+    def failed(self, exc: StoreUnavailable, now: float) -> float:
+        """A commit attempt that began at ``now`` failed; returns the pause, in seconds,
+        before the next one."""
+        if self._on_failure is not None:
+            self._on_failure()
+        if self.since is None:
+            self.since = now
+            logger.warning("store commit failed, holding its events and retrying: %s", exc)
+        elif not self._declared and self.unavailable:
+            self._declared = True
+            logger.error(
+                "store unavailable for %.3f s, refusing new calls: %s", now - self.since, exc
+            )
+        # The exponent is capped: 2**1024 and past does not fit a float (an outage of
+        # about 1,000 attempts, 9 minutes at retry_max 0.5, raised OverflowError here).
+        delay: float = min(self.RETRY_FIRST * 2.0 ** min(self.attempts, 64), self.retry_max)
+        self.attempts += 1
+        self.next_try = time.monotonic() + delay  # from the attempt's end (lock waits)
+        return delay
+
+    def recovered(self, now: float, held: int) -> None:
+        """A commit that began at ``now`` succeeded; ``held`` events it lets go."""
+        if self.since is not None:
+            logger.warning(
+                "store commits again after %.3f s; %d held events sent", now - self.since, held
+            )
+            self.since, self.attempts, self._declared = None, 0, False
+
+
 class Outbox:
     """Group commit and ordered delivery for every session (SPEC D1, D6).
 
@@ -319,9 +385,6 @@ class Outbox:
         settle_after: seconds from a journaled flush to the commit it owes.
     """
 
-    RETRY_FIRST = 0.005
-    """First pause, in seconds, before a failed commit is tried again."""
-
     def __init__(
         self,
         store: Store,
@@ -340,17 +403,11 @@ class Outbox:
         """Audit records waiting for the commit of what was staged before them (I11)."""
         self._scheduled = False
         self._closed = False
-        self.unavailable_after = unavailable_after
-        self.retry_max = retry_max
-        self._on_failure = on_failure
+        self.failures = CommitFailures(unavailable_after, retry_max, on_failure)
         self.settle_after = settle_after
-        self.failing_since: float | None = None
-        """``time.monotonic()`` of the first failed commit of the current run of failures."""
-        self._attempts, self._next_try = 0, 0.0
         self._timer: asyncio.TimerHandle | None = None
         self._settler: asyncio.TimerHandle | None = None
         """The owed commit of journaled flushes, when one is due."""
-        self._declared = False
         self._waiters: list[asyncio.Future[bool]] = []
         """Callers of :meth:`durable`, told the outcome of the next commit attempt."""
         self._tick_committed = False
@@ -359,8 +416,12 @@ class Outbox:
     @property
     def unavailable(self) -> bool:
         """Whether commits have failed for longer than ``unavailable_after`` (SPEC D6)."""
-        since = self.failing_since
-        return since is not None and time.monotonic() - since >= self.unavailable_after
+        return self.failures.unavailable
+
+    @property
+    def failing_since(self) -> float | None:
+        """``time.monotonic()`` of the first failed commit of the current run, if any."""
+        return self.failures.since
 
     @property
     def held(self) -> int:
@@ -384,15 +445,12 @@ class Outbox:
     def audit(self, fields: dict[str, Any]) -> None:
         """Write the audit record ``fields`` (SPEC I11) once what is staged now, the end
         of its call, is durable: with the next successful commit, before its frames are
-        delivered. A process killed before that commit, or a call that ends after
-        :meth:`close` (a drain closed the store with its handler still running), writes
-        none: the next start (or the node that claims this one) finds the call still
-        running, ends it and writes its record (:mod:`gateway.recovery`); one record
-        per call, never two. Dropped once :meth:`close` ran."""
-        if self._closed:
-            return
-        self._audits.append(fields)
-        self.soon()
+        delivered. Dropped once :meth:`close` ran, and lost with a process killed before
+        that commit: the next start, or the node that claims this one, then ends the
+        call and writes its one record (:mod:`gateway.recovery`)."""
+        if not self._closed:
+            self._audits.append(fields)
+            self.soon()
 
     def flush(self) -> bool:
         """Commit what is staged, then deliver the queued frames in order.
@@ -416,10 +474,9 @@ class Outbox:
         if self._held:
             pending, self._held = self._held + pending, []
             self._held_bytes.clear()
-        if self._audits:
-            written, self._audits = self._audits, []
-            for fields in written:
-                audit.record(**fields)
+        written, self._audits = self._audits, []
+        for fields in written:
+            audit.record(**fields)
         _deliver(pending)
         return True
 
@@ -475,7 +532,7 @@ class Outbox:
 
     def _commit(self) -> bool:
         now = time.monotonic()
-        if self.failing_since is not None and now < self._next_try:
+        if self.failures.waiting(now):
             self._settle(False)
             return False  # failing: the retry timer decides when to try again
         store = self._store
@@ -489,13 +546,7 @@ class Outbox:
         if store.owed and self._settler is None:
             self._settler = asyncio.get_running_loop().call_later(self.settle_after, self._pay)
         self._settle(True)
-        if self.failing_since is not None:
-            logger.warning(
-                "store commits again after %.3f s; %d held events sent",
-                now - self.failing_since,
-                len(self._held),
-            )
-            self.failing_since, self._attempts, self._declared = None, 0, False
+        self.failures.recovered(now, len(self._held))
         return True
 
     def _settle(self, durable: bool) -> None:
@@ -505,21 +556,7 @@ class Outbox:
                 waiter.set_result(durable)
 
     def _failed(self, exc: StoreUnavailable, now: float) -> None:
-        if self._on_failure is not None:
-            self._on_failure()
-        if self.failing_since is None:
-            self.failing_since = now
-            logger.warning("store commit failed, holding its events and retrying: %s", exc)
-        elif not self._declared and self.unavailable:
-            self._declared = True
-            logger.error(
-                "store unavailable for %.3f s, refusing new calls: %s",
-                now - self.failing_since,
-                exc,
-            )
-        delay = min(self.RETRY_FIRST * 2**self._attempts, self.retry_max)
-        self._attempts += 1
-        self._next_try = time.monotonic() + delay  # from the attempt's end (lock waits)
+        delay = self.failures.failed(exc, now)
         if self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(delay, self._retry)
 
@@ -537,7 +574,7 @@ class Outbox:
 
     def _retry(self) -> None:
         self._timer = None
-        self._next_try = 0.0
+        self.failures.next_try = 0.0
         self.flush()
 
     def close(self) -> None:

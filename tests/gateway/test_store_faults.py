@@ -25,8 +25,9 @@ from typing import Any, cast
 import pytest
 from websockets.exceptions import ConnectionClosed
 
+from gateway.outbox import CommitFailures
 from gateway.server import Gateway
-from gateway.store import SqliteStore, Store
+from gateway.store import SqliteStore, Store, StoreUnavailable
 from tests.gateway.store_faults import (
     LOCKER,
     CheckedPeer,
@@ -341,3 +342,28 @@ async def _call_until_done(p: CheckedPeer, call_id: str) -> None:
         if message["type"] == "tool_start":
             message = await p.terminal(call_id)
         assert message["type"] == "result"
+
+
+def test_d6_a_long_run_of_failed_commits_keeps_its_retry_pause(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """SPEC D6: the pause before the next commit attempt doubles from 5 ms up to
+    ``store.retry_max`` and stays there however long the store is down: the 1,025th
+    attempt of a run raised OverflowError (0.005 * 2**1024 is no float), about 9 minutes
+    into an outage at the default 0.5 s, and the retry timer was never armed again. The
+    run is logged when it starts, when the store turns unavailable, and when it ends."""
+    failures = CommitFailures(unavailable_after=1.0, retry_max=0.5, on_failure=None)
+    exc = StoreUnavailable("store x: database is locked")
+    start = time.monotonic() - 3600.0
+    with caplog.at_level(logging.WARNING, logger="gateway.outbox"):
+        pauses = [failures.failed(exc, start + n) for n in range(2000)]
+        assert failures.unavailable
+        failures.recovered(start + 2000.0, 7)
+    assert pauses[:3] == [0.005, 0.01, 0.02]
+    assert pauses[7:] == [0.5] * 1993
+    assert (failures.since, failures.attempts, failures.unavailable) == (None, 0, False)
+    assert [r.getMessage() for r in caplog.records] == [
+        "store commit failed, holding its events and retrying: store x: database is locked",
+        "store unavailable for 1.000 s, refusing new calls: store x: database is locked",
+        "store commits again after 2000.000 s; 7 held events sent",
+    ]
