@@ -40,7 +40,12 @@ def enabled() -> bool:
 
 
 def record(**fields: Any) -> None:
-    """Write one audit record (SPEC I11); ``fields`` are JSON values.
+    """Write one audit record (SPEC I11); ``fields`` are JSON values (:func:`write`)."""
+    write(fields)
+
+
+def write(fields: dict[str, Any]) -> None:
+    """Write one audit record (SPEC I11) given as its fields (JSON values).
 
     When the logger's one handler is the audit file's batch handler (``toolbus serve``
     with an audit file, :func:`gateway.logs.setup`) and it has no filters, the fields

@@ -476,7 +476,7 @@ class Outbox:
             self._held_bytes.clear()
         written, self._audits = self._audits, []
         for fields in written:
-            audit.record(**fields)
+            audit.write(fields)
         _deliver(pending)
         return True
 
