@@ -41,6 +41,7 @@ from tests.pg_support import store_backend  # noqa: F401 (fixture: SQLite, Postg
 from tests.support import (
     MS,
     WAIT,
+    Peer,
     barrier,
     peer,
     peer_at,
@@ -271,6 +272,31 @@ class DurableLedger:
             self._pg.close()
 
 
+async def _decided_then_gone(
+    tmp_path: Path, tool: str, decision: str
+) -> tuple[Peer, dict[str, Any], dict[str, Any] | None]:
+    """On a server process of its own, invoke the gated ``tool`` as `g1` and answer its
+    approval ``decision``. ``allow``: the tool's handler kills the process at its start
+    (waited for); ``deny``: the declined ``result`` is read, then the process is killed.
+    Returns the peer, the `tool_start` and the declined result (``None`` for allow)."""
+    async with (
+        script_server(SERVER_SCRIPT, str(tmp_path)) as first,
+        peer_at(f"ws://127.0.0.1:{first.port}/") as p,
+    ):
+        await p.invoke("g1", tool, {})
+        start = await p.expect("tool_start", call_id="g1")
+        confirm = {"type": "tool.confirm", "id": "r1", "approval_id": start["approval_id"]}
+        await p.send({**confirm, "decision": decision})
+        declined = None
+        if decision == "deny":
+            declined = await p.terminal("g1")
+            await first.crash()
+        async with asyncio.timeout(WAIT):
+            await first.proc.wait()  # the handler killed it, or crash() did
+    assert first.proc.returncode == -9
+    return p, start, declined
+
+
 def _error(message: dict[str, Any]) -> tuple[str, str, str]:
     return message["type"], message.get("code", ""), message.get("message", "")
 
@@ -498,23 +524,7 @@ async def test_j6_an_approved_call_whose_handler_started_at_a_crash_says_it_ran(
     and a re-send from another session of the principal get ``cancelled`` "the server
     restarted while this call ran", never "it did not run", and it does not run again."""
     settings = crash_settings(tmp_path)
-    async with (
-        script_server(SERVER_SCRIPT, str(tmp_path)) as first,
-        peer_at(f"ws://127.0.0.1:{first.port}/") as p,
-    ):
-        await p.invoke("g1", "gated_die", {})
-        start = await p.expect("tool_start", call_id="g1")
-        await p.send(
-            {
-                "type": "tool.confirm",
-                "id": "r1",
-                "approval_id": start["approval_id"],
-                "decision": "allow",
-            }
-        )
-        async with asyncio.timeout(WAIT):
-            await first.proc.wait()  # g1's handler killed it
-    assert first.proc.returncode == -9
+    p, start, _ = await _decided_then_gone(tmp_path, "gated_die", "allow")
     assert runs(settings.data_dir) == ["g1"]
     async with running(settings) as gw:
         async with peer(gw, **resume_fields(p, start["seq"])) as again:
@@ -537,23 +547,7 @@ async def test_j6_an_approved_job_whose_handler_started_at_a_crash_is_not_said_u
     """SPEC J6, A3: `g1`, an idempotent job behind approval, is allowed; its handler
     kills the server at its start. After the restart nothing may say `g1` "did not run"."""
     settings = crash_settings(tmp_path)
-    async with (
-        script_server(SERVER_SCRIPT, str(tmp_path)) as first,
-        peer_at(f"ws://127.0.0.1:{first.port}/") as p,
-    ):
-        await p.invoke("g1", "gated_job_die", {})
-        start = await p.expect("tool_start", call_id="g1")
-        await p.send(
-            {
-                "type": "tool.confirm",
-                "id": "r1",
-                "approval_id": start["approval_id"],
-                "decision": "allow",
-            }
-        )
-        async with asyncio.timeout(WAIT):
-            await first.proc.wait()
-    assert first.proc.returncode == -9
+    p, start, _ = await _decided_then_gone(tmp_path, "gated_job_die", "allow")
     assert runs(settings.data_dir) == ["g1"]
     async with running(settings) as gw:
         async with peer(gw, **resume_fields(p, start["seq"])) as again:
@@ -571,22 +565,8 @@ async def test_j6_a_denied_call_at_a_crash_keeps_its_declined_result(
     """SPEC J6, A5, I15: `g1` is denied just before the kill; after the restart a re-send
     from the session and from another of the principal gets the declined result."""
     settings = crash_settings(tmp_path)
-    async with (
-        script_server(SERVER_SCRIPT, str(tmp_path)) as first,
-        peer_at(f"ws://127.0.0.1:{first.port}/") as p,
-    ):
-        await p.invoke("g1", "gated_hold", {})
-        start = await p.expect("tool_start", call_id="g1")
-        await p.send(
-            {
-                "type": "tool.confirm",
-                "id": "r1",
-                "approval_id": start["approval_id"],
-                "decision": "deny",
-            }
-        )
-        declined = await p.terminal("g1")
-        await first.crash()
+    p, _, declined = await _decided_then_gone(tmp_path, "gated_hold", "deny")
+    assert declined is not None
     assert declined["type"] == "result", declined
     assert declined["result"]["declined"], declined
     async with running(settings) as gw:
