@@ -237,17 +237,47 @@ class CallEnd:
         # (or a drain that closed the store with the call still running) leaves the
         # record to the restart that ends the call (gateway.recovery), not two.
         session.outbox.audit(
-            {
-                "tool": call.tool_name,
-                "outcome": outcome.value,
-                "profile": session.profile.name,
-                "user": session.user,
-                "session": session.id,
-                "call_id": call.call_id,
-                "duration_ms": round(elapsed * 1000, 3),
-                "params": audit.redact(call.params, sensitive, self.calls.audit_param_bytes),
-                "approval": call.approval,
-                "job_id": call.job_id,
-                "code": code,
-            }
+            audit_fields(
+                session,
+                call.tool_name,
+                call.call_id,
+                outcome.value,
+                code,
+                duration_ms=round(elapsed * 1000, 3),
+                params=audit.redact(call.params, sensitive, self.calls.audit_param_bytes),
+                approval=call.approval,
+                job_id=call.job_id,
+            )
         )
+
+
+def audit_fields(
+    session: Session,
+    tool: str,
+    call_id: str,
+    outcome: str,
+    code: Any,
+    *,
+    duration_ms: float | None,
+    params: Any,
+    approval: dict[str, Any] | None,
+    job_id: str | None,
+) -> dict[str, Any]:
+    """The fields of one call's audit record (SPEC I11), JSON values: ``tool``,
+    ``outcome`` (a :class:`~protocol.outcomes.CallOutcome` value), ``profile``,
+    ``user``, ``session``, ``call_id``, ``duration_ms`` (milliseconds, ``None`` when
+    unknown), ``params`` (redacted, :func:`gateway.audit.redact`), ``approval``,
+    ``job_id`` and ``code`` (the error code, or ``None``)."""
+    return {
+        "tool": tool,
+        "outcome": outcome,
+        "profile": session.profile.name,
+        "user": session.user,
+        "session": session.id,
+        "call_id": call_id,
+        "duration_ms": duration_ms,
+        "params": params,
+        "approval": approval,
+        "job_id": job_id,
+        "code": code,
+    }

@@ -318,6 +318,7 @@ class CommitFailures:
 
     @property
     def unavailable(self) -> bool:
+        """Whether the run has lasted ``unavailable_after`` seconds or more (SPEC D6)."""
         since = self.since
         return since is not None and time.monotonic() - since >= self.unavailable_after
 
@@ -474,9 +475,10 @@ class Outbox:
         if self._held:
             pending, self._held = self._held + pending, []
             self._held_bytes.clear()
-        written, self._audits = self._audits, []
-        for fields in written:
-            audit.write(fields)
+        if self._audits:
+            written, self._audits = self._audits, []
+            for fields in written:
+                audit.write(fields)
         _deliver(pending)
         return True
 

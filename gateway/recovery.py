@@ -21,6 +21,7 @@ from typing import Any
 from catalog.model import ToolDef
 from gateway import audit
 from gateway.authority import Authority
+from gateway.call_end import audit_fields
 from gateway.catalog_state import CatalogState
 from gateway.context import ToolContext
 from gateway.handoff import Handoff
@@ -35,7 +36,6 @@ from gateway.store import JobRow, LedgerRow, Store
 from protocol import messages as m
 from protocol.codec import decode_json
 from protocol.errors import ErrorCode
-from protocol.outcomes import CallOutcome
 
 logger = logging.getLogger("gateway.server")
 
@@ -266,18 +266,16 @@ def _audit_cut_off(
             "at": now,
             "by": "server",
         }
-    outbox.audit(
-        {
-            "tool": tool,
-            "outcome": CallOutcome(code.value).value,
-            "profile": session.profile.name,
-            "user": session.user,
-            "session": session.id,
-            "call_id": call_id,
-            "duration_ms": None,
-            "params": None,
-            "approval": approval,
-            "job_id": None,
-            "code": code.value,
-        }
+    # The outcome of a call ended with an error is its code (protocol.outcomes).
+    fields = audit_fields(
+        session,
+        tool,
+        call_id,
+        code.value,
+        code.value,
+        duration_ms=None,
+        params=None,
+        approval=approval,
+        job_id=None,
     )
+    outbox.audit(fields)

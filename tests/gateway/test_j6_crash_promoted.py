@@ -19,7 +19,7 @@ from typing import Any
 
 from gateway.context import ToolContext
 from tests.gateway.store_faults import until
-from tests.gateway.test_j6_crash_unstarted import HOLD_TOOLS, _note, runs
+from tests.gateway.test_j6_crash_unstarted import HOLD_TOOLS, _note, crash_settings, runs
 from tests.pg_support import store_backend  # noqa: F401 (fixture: SQLite, PostgreSQL)
 from tests.support import (
     WAIT,
@@ -29,7 +29,6 @@ from tests.support import (
     resume_fields,
     running,
     script_server,
-    settings_for,
 )
 
 TOOLS = (
@@ -63,7 +62,6 @@ TOOLS = (
     handler: tests.gateway.test_j6_crash_promoted:note
 """
 )
-PROFILES = "profiles:\n  demo:\n    capabilities: [t.crash]\n"
 
 
 def note(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
@@ -79,26 +77,10 @@ def die_once(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
 
 
 def promoted_settings(tmp: Path, **sections: Any) -> Any:
-    """One worker thread for calls; data in ``tmp``; SQLite, or PostgreSQL when
+    """The settings of ``test_j6_crash_unstarted.crash_settings`` with this file's tools:
+    one worker thread for calls; data in ``tmp``; SQLite, or PostgreSQL when
     ``TOOLBUS_STORE__URL`` says so."""
-    (tmp / "tools.yaml").write_text(TOOLS)
-    (tmp / "profiles.yaml").write_text(PROFILES)
-    return settings_for(
-        tmp,
-        catalog={
-            "tools": [tmp / "tools.yaml"],
-            "profiles": [tmp / "profiles.yaml"],
-            "hot_reload": False,
-        },
-        calls={
-            "worker_threads": 1,
-            "threads_per_session": 1,
-            "threads_per_user": 1,
-            "thread_wait": WAIT * 6,
-            "default_timeout": 0,
-        },
-        **sections,
-    )
+    return crash_settings(tmp, TOOLS, **sections)
 
 
 SERVER_SCRIPT = """

@@ -159,14 +159,14 @@ async def let_go(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     return {"released": params["call_id"]}
 
 
-def crash_settings(tmp: Path, **sections: Any) -> Any:
+def crash_settings(tmp: Path, tools: str = TOOLS, **sections: Any) -> Any:
     """The same settings for the killed server and the next one: one worker thread for
     calls (a call waits while another holds it, up to a minute), data in ``tmp``; the
     store is SQLite, or PostgreSQL when ``TOOLBUS_STORE__URL`` says so."""
     return settings_for(
         tmp,
         catalog={
-            "tools": [_written(tmp / "tools.yaml", TOOLS)],
+            "tools": [_written(tmp / "tools.yaml", tools)],
             "profiles": [_written(tmp / "profiles.yaml", PROFILES)],
             "hot_reload": False,
         },
