@@ -443,10 +443,35 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def cmd_token(args: argparse.Namespace) -> int:
-    """Mint a token, append its SHA-256 to a token file, print the token once (SPEC S2)."""
+    """Mint a token, append its SHA-256 to a token file, print the token once (SPEC S2).
+
+    Every profile named must be in the configured catalog (``--config``, else the
+    embedded demo catalog) unless ``--any-profile`` is given: a token for a profile the
+    catalog lacks would only be refused at ``hello``. Exit 1, the file unchanged, on an
+    unknown profile or a catalog that does not load.
+    """
     from gateway.auth import hash_token, new_token
 
     path: Path = args.token_file
+    profiles = [p for p in args.profiles.split(",") if p]
+    if not profiles:
+        print("toolbus token: --profiles names no profile", file=sys.stderr)
+        return 1
+    if not args.any_profile:
+        catalog = _catalog(args)
+        if catalog is None:
+            print("toolbus token: (--any-profile mints without the catalog)", file=sys.stderr)
+            return 1
+        unknown = [p for p in profiles if p not in catalog.profiles]
+        if unknown:
+            # A session naming such a profile would be refused at hello (SPEC S2, C2).
+            print(
+                f"toolbus token: unknown profile{'s' * (len(unknown) > 1)} "
+                f"{', '.join(map(repr, unknown))}; the catalog has: "
+                f"{', '.join(sorted(catalog.profiles))} (--any-profile mints it anyway)",
+                file=sys.stderr,
+            )
+            return 1
     if path.exists():
         try:
             read_token_file(path)  # never append to a file serve would refuse (SPEC O5)
@@ -459,7 +484,7 @@ def cmd_token(args: argparse.Namespace) -> int:
     entry: dict[str, object] = {
         "sha256": hash_token(token),
         "user": args.user,
-        "profiles": [p for p in args.profiles.split(",") if p],
+        "profiles": profiles,
     }
     if args.tenant:
         entry["tenant"] = args.tenant
@@ -535,9 +560,16 @@ def parser() -> argparse.ArgumentParser:
     schema.add_argument("--check", action="store_true", help="exit 1 if schema/ differs")
     schema.set_defaults(func=cmd_schema)
 
-    token = sub.add_parser("token", help="mint a token into a token file")
+    token = with_config(sub.add_parser("token", help="mint a token into a token file"))
     token.add_argument("--user", required=True)
-    token.add_argument("--profiles", required=True, help="comma-separated profile names")
+    token.add_argument(
+        "--profiles", required=True, help="comma-separated profile names, each in the catalog"
+    )
+    token.add_argument(
+        "--any-profile",
+        action="store_true",
+        help="mint for profiles the catalog does not have (yet); the catalog is not loaded",
+    )
     token.add_argument("--tenant")
     token.add_argument("--token-file", type=Path, required=True)
     token.set_defaults(func=cmd_token)

@@ -250,17 +250,39 @@ class WsConnection(ServerConnection):
         return int(sent.code)
 
 
+_PER_CONNECTION = frozenset({"connection open", "connection closed"})
+"""websockets' INFO lines for every TCP connection: a session's own lines
+(``gateway.connection``: opened, parked, closed) say the same with its id, and a
+``/healthz`` probe (a load balancer's, every two seconds) would log two lines."""
+
+
 class _QuietLogger(logging.LoggerAdapter[logging.Logger]):
-    """websockets' server logger without its DEBUG lines (SPEC S2).
+    """websockets' server logger without its DEBUG lines (SPEC S2), nor its INFO lines
+    per connection (SPEC O2).
 
     websockets logs every request header and frame payload at DEBUG, which would put
     ``Authorization`` headers and ``hello.token`` in the log. It only formats those
     lines when ``isEnabledFor(DEBUG)`` is true, so answering false drops them at the
-    source; INFO and above pass through unchanged.
+    source. Of its INFO lines, ``connection open``, ``connection closed`` and an HTTP
+    answer below 400 (``HTTP response sent (200 OK)``: ``/healthz``, ``/metrics``, the
+    console) are dropped; a refused request (``HTTP response sent (401 ...)``), the
+    server's own lines, and WARNING and above pass through unchanged.
     """
 
     def isEnabledFor(self, level: int) -> bool:
         return level > logging.DEBUG and self.logger.isEnabledFor(level)
+
+    def log(self, level: int, msg: object, *args: object, **kwargs: Any) -> None:
+        if level == logging.INFO and (
+            msg in _PER_CONNECTION
+            or (msg == "HTTP response sent (%d %s)" and args and _below_400(args[0]))
+        ):
+            return
+        super().log(level, msg, *args, **kwargs)
+
+
+def _below_400(status: object) -> bool:
+    return isinstance(status, int) and status < 400
 
 
 ProcessRequest = Callable[[WsConnection, Request], Response | None]

@@ -119,6 +119,56 @@ def test_token_mints_hash_only(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert entry == {"sha256": hash_token(token), "user": "ana", "profiles": ["demo", "voice"]}
 
 
+def test_token_refuses_a_profile_the_catalog_lacks(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """SPEC S2, C2: a typo in `--profiles` is refused before the file is touched (a
+    session naming that profile would only be refused at hello); `--any-profile` mints
+    it anyway, without loading the catalog."""
+    path = tmp_path / "tokens.yaml"
+    argv = ["token", "--user", "ana", "--profiles", "demo,vocie,x", "--token-file", str(path)]
+    assert main(argv) == 1
+    assert capsys.readouterr().err == (
+        "toolbus token: unknown profiles 'vocie', 'x'; the catalog has: demo, legacy, "
+        "readonly, voice (--any-profile mints it anyway)\n"
+    )
+    assert not path.exists()
+    assert main(["token", "--user", "ana", "--profiles", ",", "--token-file", str(path)]) == 1
+    assert capsys.readouterr().err == "toolbus token: --profiles names no profile\n"
+    assert main([*argv, "--any-profile"]) == 0
+    token = capsys.readouterr().out.strip()
+    entry = yaml.safe_load(path.read_text())["tokens"][0]
+    assert entry == {"sha256": hash_token(token), "user": "ana", "profiles": ["demo", "vocie", "x"]}
+
+
+def test_token_checks_the_configured_catalog(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """SPEC S2, C2: with `--config`, the profiles are those of that config's catalog."""
+    (tmp_path / "tools.yaml").write_text("tools: []\n")
+    (tmp_path / "profiles.yaml").write_text("profiles:\n  ops: {capabilities: []}\n")
+    config = tmp_path / "toolbus.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "catalog": {
+                    "tools": [str(tmp_path / "tools.yaml")],
+                    "profiles": [str(tmp_path / "profiles.yaml")],
+                }
+            }
+        )
+    )
+    path = tmp_path / "tokens.yaml"
+    base = ["token", "--config", str(config), "--user", "ana", "--token-file", str(path)]
+    assert main([*base, "--profiles", "demo"]) == 1
+    assert capsys.readouterr().err == (
+        "toolbus token: unknown profile 'demo'; the catalog has: ops "
+        "(--any-profile mints it anyway)\n"
+    )
+    assert main([*base, "--profiles", "ops"]) == 0
+    assert yaml.safe_load(path.read_text())["tokens"][0]["profiles"] == ["ops"]
+
+
 async def test_serve_prints_url_and_token_then_drains(tmp_path: Path) -> None:
     """SPEC O1/S4: `toolbus serve` prints URL and dev token; SIGTERM drains with 1012."""
     env = {**os.environ, "TOOLBUS_CATALOG__HOT_RELOAD": "false"}

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 
+import pytest
+
 from gateway.server import Gateway
-from tests.support import WAIT, peer
+from tests.support import WAIT, peer, signal
 
 
 async def http_get(gw: Gateway, path: str) -> tuple[int, dict[str, str], bytes]:
@@ -99,3 +102,29 @@ async def test_http_methods(gateway: Gateway) -> None:
         assert rest == body
         if method == b"POST":
             assert b"Allow: GET, HEAD" in head
+
+
+async def test_websockets_logs_no_line_per_connection(
+    gateway: Gateway, caplog: pytest.LogCaptureFixture
+) -> None:
+    """SPEC O2: a probe of /healthz or /metrics (a load balancer's, every two seconds)
+    logs nothing, and a session only its own lines (``gateway.connection``, with its
+    id); websockets' ``connection open``, ``connection closed`` and ``HTTP response
+    sent (200 OK)`` lines are dropped, a refused request's line is kept."""
+    caplog.set_level(logging.INFO)
+    parked = signal(gateway, "park")
+    assert (await http_get(gateway, "/healthz"))[0] == 200
+    assert (await http_get(gateway, "/metrics"))[0] == 200
+    async with peer(gateway) as p:
+        session = p.welcome["session_id"]
+    async with asyncio.timeout(WAIT):
+        await parked.wait()  # its line follows in the same step
+    assert (await http_get(gateway, "/nope"))[0] == 404
+    lines = [(r.name, r.getMessage()) for r in caplog.records]
+    assert [m for name, m in lines if name == "websockets.server"] == [
+        "HTTP response sent (404 Not Found)"
+    ]
+    assert [m for name, m in lines if name == "gateway.connection"] == [
+        f"session {session} (resumed=False, user=alice)",
+        "socket closed; session parked",
+    ]
