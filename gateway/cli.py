@@ -343,7 +343,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     exit code is 1: catalog issues, then hook, token-file and data-folder problems, then
     export findings no format rule lets toolbus adapt, then MCP mount problems (the
     mounts are probed even when other parts of the catalog have issues). Adapted export
-    findings and each mount's tools print as ``note:`` / ``mcp ...`` lines on stdout.
+    findings, token-file entries naming a profile the catalog lacks, and each mount's
+    tools print as ``note:`` / ``mcp ...`` lines on stdout.
     """
     settings = _settings(args)
     # SPEC O5: everything `serve` loads besides the catalog (hooks, token file, data
@@ -357,6 +358,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         problems = [str(issue) for issue in exc.issues] + problems
         mounts = exc.mounts
     if catalog is not None:
+        for line in _foreign_profiles(settings.auth.token_file, catalog):
+            print(line)
         # SPEC E2: every profile's catalog frame fits the size welcome announces.
         problems += oversized(catalog, settings.server.max_message_bytes)
         # SPEC C4 (case F18): every export must be one its provider accepts.
@@ -379,6 +382,25 @@ def cmd_check(args: argparse.Namespace) -> int:
     tools, profiles = len(catalog.tools) + mounted, len(catalog.profiles)
     print(f"ok: {tools} tool{'s' * (tools != 1)}, {profiles} profile{'s' * (profiles != 1)}")
     return 0
+
+
+def _foreign_profiles(token_file: Path | None, catalog: Catalog) -> list[str]:
+    """A ``note:`` line per token-file entry naming a profile the catalog lacks (SPEC
+    C2: such a session gets an empty catalog). Not an error: the catalog may gain the
+    profile by a hot reload. A file that does not read is preflight's problem."""
+    if token_file is None:
+        return []
+    try:
+        entries = read_token_file(token_file)
+    except TokenFileError:
+        return []
+    return [
+        f"note: token file {token_file}: tokens.{i} (user {entry.user}): profile "
+        f"{name!r} is not in the catalog; its sessions would get no tools"
+        for i, entry in enumerate(entries)
+        for name in entry.profiles
+        if name not in catalog.profiles
+    ]
 
 
 def cmd_catalog(args: argparse.Namespace) -> int:
@@ -446,9 +468,9 @@ def cmd_token(args: argparse.Namespace) -> int:
     """Mint a token, append its SHA-256 to a token file, print the token once (SPEC S2).
 
     Every profile named must be in the configured catalog (``--config``, else the
-    embedded demo catalog) unless ``--any-profile`` is given: a token for a profile the
-    catalog lacks would only be refused at ``hello``. Exit 1, the file unchanged, on an
-    unknown profile or a catalog that does not load.
+    embedded demo catalog) unless ``--any-profile`` is given: a session of a profile the
+    catalog lacks gets no tools (SPEC C2, fail closed), so a typo would show only there.
+    Exit 1, the file unchanged, on an unknown profile or a catalog that does not load.
     """
     from gateway.auth import hash_token, new_token
 
@@ -464,7 +486,7 @@ def cmd_token(args: argparse.Namespace) -> int:
             return 1
         unknown = [p for p in profiles if p not in catalog.profiles]
         if unknown:
-            # A session naming such a profile would be refused at hello (SPEC S2, C2).
+            # A session of such a profile would get an empty catalog (SPEC C2: fail closed).
             print(
                 f"toolbus token: unknown profile{'s' * (len(unknown) > 1)} "
                 f"{', '.join(map(repr, unknown))}; the catalog has: "

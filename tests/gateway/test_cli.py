@@ -123,8 +123,8 @@ def test_token_refuses_a_profile_the_catalog_lacks(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """SPEC S2, C2: a typo in `--profiles` is refused before the file is touched (a
-    session naming that profile would only be refused at hello); `--any-profile` mints
-    it anyway, without loading the catalog."""
+    session of that profile would get an empty catalog); `--any-profile` mints it
+    anyway, without loading the catalog."""
     path = tmp_path / "tokens.yaml"
     argv = ["token", "--user", "ana", "--profiles", "demo,vocie,x", "--token-file", str(path)]
     assert main(argv) == 1
@@ -242,3 +242,23 @@ def test_config_mistakes_are_named(tmp_path: Path, capsys: pytest.CaptureFixture
     assert capsys.readouterr().err == f"{config}: 1 problem(s):\n  sever: unknown key\n"
     assert main(["check", "--config", str(tmp_path / "absent.yaml")]) == 2
     assert capsys.readouterr().err == f"{tmp_path / 'absent.yaml'}: no such file\n"
+
+
+def test_check_notes_a_token_for_a_profile_the_catalog_lacks(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """SPEC O5, C2: `toolbus check` names a token-file entry whose profile the catalog
+    lacks (its sessions would get no tools), as a note: the check still passes."""
+    path = tmp_path / "tokens.yaml"
+    assert main(["token", "--user", "ana", "--profiles", "demo", "--token-file", str(path)]) == 0
+    argv = ["token", "--user", "bo", "--profiles", "voice,vocie", "--any-profile"]
+    assert main([*argv, "--token-file", str(path)]) == 0
+    capsys.readouterr()
+    config = tmp_path / "toolbus.yaml"
+    config.write_text(yaml.safe_dump({"auth": {"token_file": str(path)}}))
+    assert main(["check", "--config", str(config)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [line for line in out if line.startswith("note: token file")] == [
+        f"note: token file {path}: tokens.1 (user bo): profile 'vocie' is not in the "
+        "catalog; its sessions would get no tools"
+    ]
