@@ -238,7 +238,7 @@ class CallEnd:
         # record to the restart that ends the call (gateway.recovery), not two.
         session.outbox.audit(
             audit_fields(
-                session,
+                (session.profile.name, session.user, session.id),
                 call.tool_name,
                 call.call_id,
                 outcome.value,
@@ -252,7 +252,7 @@ class CallEnd:
 
 
 def audit_fields(
-    session: Session,
+    who: tuple[str | None, str, str | None],
     tool: str,
     call_id: str,
     outcome: str,
@@ -265,15 +265,18 @@ def audit_fields(
 ) -> dict[str, Any]:
     """The fields of one call's audit record (SPEC I11), JSON values: ``tool``,
     ``outcome`` (a :class:`~protocol.outcomes.CallOutcome` value), ``profile``,
-    ``user``, ``session``, ``call_id``, ``duration_ms`` (milliseconds, ``None`` when
-    unknown), ``params`` (redacted, :func:`gateway.audit.redact`), ``approval``,
-    ``job_id`` and ``code`` (the error code, or ``None``)."""
+    ``user``, ``session`` (``who``: the session's profile name, user and id; profile
+    and id are ``None`` for a call whose session a restart no longer had), ``call_id``,
+    ``duration_ms`` (milliseconds, ``None`` when unknown), ``params`` (redacted,
+    :func:`gateway.audit.redact`), ``approval``, ``job_id`` and ``code`` (the error
+    code, or ``None``)."""
+    profile, user, session = who
     return {
         "tool": tool,
         "outcome": outcome,
-        "profile": session.profile.name,
-        "user": session.user,
-        "session": session.id,
+        "profile": profile,
+        "user": user,
+        "session": session,
         "call_id": call_id,
         "duration_ms": duration_ms,
         "params": params,

@@ -301,34 +301,39 @@ class CallLedger:
         rows: list[LedgerRow] | None = None,
         keep: Collection[Key] = frozenset(),
         unstarted: Collection[Key] = frozenset(),
-    ) -> int:
+    ) -> list[tuple[LedgerRow, ErrorCode]]:
         """At start: every call still ``running`` in the store was cut off by a crash or
         restart; it ends ``cancelled`` (SPEC I12, I15) and never runs again, or, when its
         handler had not started, ``unavailable`` :data:`UNSTARTED` (SPEC J6): its row
         says so (:meth:`waiting`), or its key is in ``unstarted`` (it waited for its
-        approval, :meth:`gateway.recovery.Recovery._settle_calls`). Returns how many
-        there were. ``rows``: only these (a dead node's, SPEC N4); default: every
+        approval, :meth:`gateway.recovery.Recovery._settle_calls`). Returns each row
+        ended, as it was, with the code it ended with (``cancelled`` or
+        ``unavailable``). ``rows``: only these (a dead node's, SPEC N4); default: every
         running row. ``keep``: keys of calls adopted here, which run on (SPEC N6)."""
         rows = self._store.running_ledger() if rows is None else rows
         rows = [r for r in rows if (r.tenant, r.user, r.call_id) not in keep]
-        for row in rows:
-            self._interrupt(row, (row.tenant, row.user, row.call_id) in unstarted)
+        ended = [
+            (row, self._interrupt(row, (row.tenant, row.user, row.call_id) in unstarted))
+            for row in rows
+        ]
         if rows:
             logger.info(
                 "%d call ids cut off by the restart recorded as ended (cancelled, or "
                 "unavailable for those that had not started)",
                 len(rows),
             )
-        return len(rows)
+        return ended
 
     def purge(self) -> None:
         """Delete the rows that left the window (run by the server's purge loop)."""
         self._store.purge_ledger(self._clock() - self.window)
 
-    def _interrupt(self, row: LedgerRow, unstarted: bool = False) -> LedgerRow:
+    def _interrupt(self, row: LedgerRow, unstarted: bool = False) -> ErrorCode:
         # The seq is a placeholder: a recorded event reaches a session under its own.
-        # SPEC J6: a call that never started carries the outcome recorded for it.
+        # SPEC J6: a call that never started carries the outcome recorded for it
+        # (:meth:`waiting`: unavailable, it did not run).
         outcome = row.outcome if _unstarted(row) else None
+        code = ErrorCode.UNAVAILABLE
         if outcome is None:
             code, message = ErrorCode.CANCELLED, RESTARTED
             if unstarted:
@@ -348,7 +353,7 @@ class CallLedger:
             row.created_at,
         )
         self._store.stage_ledger(done)
-        return done
+        return code
 
 
 def _unstarted(row: LedgerRow) -> bool:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from catalog.model import ToolDef
@@ -93,18 +93,21 @@ class Recovery:
         now = self._clock()
         sessions = self._sessions
         gone: dict[str, tuple[str, str]] = {}
+        profiles: dict[str, str] = {}
         for row in self._store.all_sessions():
             if row.expires_at is not None and row.expires_at < now:
                 self._store.delete_session(row.session_id)
                 gone[row.session_id] = (row.tenant or "", row.user)
+                profiles[row.session_id] = row.profile
                 continue
             profile = self._catalog.current.profile(row.profile)
             session = sessions.adopt(row, profile, self._bucket(), now)
             session.catalog_names = self._catalog.view(session)[2]
         running = self._store.running_calls()
-        adopted, unstarted = self._settle_calls(running, sessions.sessions, gone)
+        settled = self._settle_calls(running, sessions.sessions, gone)
         # SPEC I15: a call id cut off here never runs again, from any session.
-        self._pipeline.ledger.recover(keep=adopted, unstarted=unstarted)
+        ended = self._pipeline.ledger.recover(keep=settled.adopted, unstarted=settled.unstarted)
+        self._audit_orphans(ended, settled, profiles)
         count, held = self._jobs.settle(
             sessions.sessions,
             lambda row: self._rerun_plan(row, sessions.get(row.session_id)),
@@ -131,8 +134,11 @@ class Recovery:
         held by live nodes (:meth:`SessionTable.detached`: their events are forwarded).
         Returns the jobs found."""
         sessions = {**elsewhere, **self._sessions.sessions}
-        adopted, unstarted = self._settle_calls(calls, sessions)
-        self._pipeline.ledger.recover(ledger, keep=adopted, unstarted=unstarted)
+        settled = self._settle_calls(calls, sessions)
+        ended = self._pipeline.ledger.recover(
+            ledger, keep=settled.adopted, unstarted=settled.unstarted
+        )
+        self._audit_orphans(ended, settled, {})
         count, _ = self._jobs.settle(
             sessions, lambda row: self._rerun_plan(row, sessions.get(row.session_id)), rows=jobs
         )
@@ -156,7 +162,7 @@ class Recovery:
         calls: list[tuple[str, str, bytes | None]],
         sessions: Mapping[str, Session],
         gone: Mapping[str, tuple[str, str]] | None = None,
-    ) -> tuple[set[Key], set[Key]]:
+    ) -> Settled:
         """Calls a restart or a dead node cut off end ``cancelled`` (SPEC I12, A4), or
         ``unavailable`` :data:`~gateway.ledger.UNSTARTED` when their handler had not
         started (SPEC J6: their ledger row says they waited for a worker thread, or their
@@ -170,13 +176,10 @@ class Recovery:
         next session must not hear it ran).
 
         Returns:
-            ``(adopted, unstarted)``: the ledger keys of the adopted calls, and of those
-            ended :data:`~gateway.ledger.UNSTARTED` because they waited for approval
-            (their ledger rows say nothing of it: :meth:`CallLedger.recover
-            <gateway.ledger.CallLedger.recover>` ends them the same way).
+            What was settled, by ledger key (:class:`Settled`).
         """
-        adopted: set[Key] = set()
-        unstarted: set[Key] = set()
+        settled = Settled()
+        adopted, unstarted = settled.adopted, settled.unstarted
         for session_id, call_id, note in calls:
             note_dict = decode_json(note) if note else {}
             session = sessions.get(session_id)
@@ -187,15 +190,38 @@ class Recovery:
                 continue
             if session is None:
                 principal = (gone or {}).get(session_id)
-                if principal is not None and note_dict.get("approval_id"):
-                    unstarted.add((*principal, call_id))
+                if principal is not None:
+                    key = (*principal, call_id)
+                    settled.orphans[key] = (session_id, note_dict.get("approval_id"))
+                    if note_dict.get("approval_id"):
+                        unstarted.add(key)
                 continue
             key = principal_key(session, call_id)
+            settled.told.add(key)
             if self._handoff.adopt(session, call_id, note_dict):
                 adopted.add(key)
             elif self._interrupt_call(call_id, note_dict, session):
                 unstarted.add(key)
-        return adopted, unstarted
+        return settled
+
+    def _audit_orphans(
+        self,
+        ended: list[tuple[LedgerRow, ErrorCode]],
+        settled: Settled,
+        profiles: Mapping[str, str],
+    ) -> None:
+        """SPEC I11: an audit record for each call the ledger ended with no session to
+        tell: its session expired before the restart, or had ended (``bye``) with the
+        call still running. ``session`` and ``profile`` name the expired session when
+        its call row was still there (``profiles``: by session id), else ``null``."""
+        now = self._clock()
+        for row, code in ended:
+            key = (row.tenant, row.user, row.call_id)
+            if key in settled.told:
+                continue  # its session was told, and its record written (_interrupt_call)
+            session_id, approval_id = settled.orphans.get(key, (None, None))
+            who = (profiles.get(session_id or ""), row.user, session_id)
+            _audit_cut_off(who, row.call_id, row.tool, code, approval_id, now, self._outbox)
 
     def _interrupt_call(self, call_id: str, note: dict[str, str], session: Session) -> bool:
         """A call a restart cut off ends ``cancelled`` (SPEC I12: one terminal reply).
@@ -223,7 +249,8 @@ class Recovery:
             code, message = ErrorCode.CANCELLED, RESTARTED
         body = session.emit(m.CallError(call_id=call_id, tool=tool, code=code, message=message))
         session.call_done(call_id, body)
-        _audit_cut_off(session, call_id, tool, code, approval_id, self._clock(), self._outbox)
+        who = (session.profile.name, session.user, session.id)
+        _audit_cut_off(who, call_id, tool, code, approval_id, self._clock(), self._outbox)
         return bool(approval_id)
 
     def _rerun_plan(
@@ -239,8 +266,26 @@ class Recovery:
         return tool, replace(ctx, recheck=self._authority.gate(session, tool.name)), post
 
 
+@dataclass(slots=True)
+class Settled:
+    """The calls :meth:`Recovery._settle_calls` settled, by ledger key (SPEC I15).
+
+    ``adopted``: handed off by a drained node, running on here (SPEC N6).
+    ``unstarted``: ended :data:`~gateway.ledger.UNSTARTED` because they waited for
+    approval (their ledger rows say nothing of it: :meth:`CallLedger.recover
+    <gateway.ledger.CallLedger.recover>` ends them the same way). ``told``: those whose
+    session was told (and their audit record written). ``orphans``: calls of sessions
+    that expired before the restart, each ``(session_id, approval_id or None)``.
+    """
+
+    adopted: set[Key] = field(default_factory=set)
+    unstarted: set[Key] = field(default_factory=set)
+    told: set[Key] = field(default_factory=set)
+    orphans: dict[Key, tuple[str, str | None]] = field(default_factory=dict)
+
+
 def _audit_cut_off(
-    session: Session,
+    who: tuple[str | None, str, str | None],
     call_id: str,
     tool: str,
     code: ErrorCode,
@@ -268,7 +313,7 @@ def _audit_cut_off(
         }
     # The outcome of a call ended with an error is its code (protocol.outcomes).
     fields = audit_fields(
-        session,
+        who,
         tool,
         call_id,
         code.value,

@@ -644,7 +644,11 @@ async def test_j6_a_call_waiting_for_approval_of_a_session_expired_at_the_restar
     is parked, resume window 1 s) and the server is SIGKILLed before the window ends.
     The next server starts after it ended: the session is gone, and a re-send of `g1`
     from the principal's next session gets ``unavailable`` "did not run" (its handler
-    never started), not ``cancelled`` "while this call ran"."""
+    never started), not ``cancelled`` "while this call ran". SPEC I11: the restart
+    writes `g1`'s one audit record, naming the expired session; the re-send, answered
+    from the ledger, writes none."""
+    from tests.gateway.tools_for_tests import audit_records
+
     window = 1.0
     settings = crash_settings(tmp_path, sessions={"resume_window": window})
     async with script_server(SERVER_SCRIPT, str(tmp_path), str(window)) as first:
@@ -666,13 +670,33 @@ async def test_j6_a_call_waiting_for_approval_of_a_session_expired_at_the_restar
     async with asyncio.timeout(WAIT):
         while time.time() <= expiry:  # noqa: ASYNC110 - wall time must pass the expiry
             await asyncio.sleep(0.05)
-    async with running(settings) as gw:
-        assert sid not in gw.sessions.sessions
-        async with peer(gw) as other:
-            await other.invoke("g1", "gated_hold", {})
-            answer = await other.terminal("g1")
+    with audit_records() as records:
+        async with running(settings) as gw:
+            assert sid not in gw.sessions.sessions
+            async with peer(gw) as other:
+                await other.invoke("g1", "gated_hold", {})
+                answer = await other.terminal("g1")
     assert _error(answer) == ("call.error", ErrorCode.UNAVAILABLE, UNSTARTED), answer
     assert runs(settings.data_dir) == []
+    [record] = [r for r in records if r["call_id"] == "g1"]
+    approval = record.pop("approval")
+    assert (approval["resolution"], approval["reason"], approval["by"]) == (
+        "denied",
+        "disconnected",
+        "server",
+    )
+    assert {k: v for k, v in record.items() if k != "ts"} == {
+        "tool": "gated_hold",
+        "outcome": "unavailable",
+        "profile": "demo",
+        "user": "alice",
+        "session": sid,
+        "call_id": "g1",
+        "duration_ms": None,
+        "params": None,
+        "job_id": None,
+        "code": "unavailable",
+    }
 
 
 # The crash server with its audit file (``data_dir/audit.jsonl``), as ``toolbus serve``.
