@@ -23,7 +23,7 @@ from gateway.context import ProgressRelay, ToolContext, no_progress
 from gateway.execute import as_object, run_handler
 from gateway.failures import ToolFailure, describe
 from gateway.hooks import CallInfo, PostHook, PreHook, run_post, run_pre
-from gateway.jobs import Adopted, JobRunner, PostProcess
+from gateway.jobs import NOT_DURABLE, Adopted, JobRunner, PostProcess
 from gateway.ledger import CallLedger
 from gateway.session import Session
 from gateway.store import JobRow, StoreUnavailable
@@ -123,13 +123,19 @@ class Execution:
         return ctx, info
 
     async def execute(self, call: Call, tool: ToolDef, ctx: ToolContext, info: CallInfo) -> None:
-        """SPEC A7, I8, I9, I14: run the approved call to its terminal event."""
+        """SPEC A7, I8, I9, I14: run the approved call to its terminal event, once what
+        must be durable before its handler (or its job) starts is (SPEC A3, I15, J6:
+        :func:`_durable_now`)."""
         # SPEC A7: the approval was a wait; every gate again, on the state now, so a
         # lapsed call ends in call.error and is never dispatched. (The same check runs
         # right before every handler start, after any queue or thread wait, too.)
         lapse = self.authority.check(call.session, tool.name) if call.approval else None
         if lapse is not None:
             self.end.lapsed(call, lapse)
+            return
+        if not _durable_now(self.ledger, call, tool) and not await _made_durable(
+            self.ledger, self.end, call
+        ):
             return
         if tool.mode is Mode.ASYNC:
             self._dispatch(call, tool, ctx, info)
@@ -183,19 +189,6 @@ class Execution:
         """SPEC I8, I14: run with the run timeout; promote past the soft deadline."""
         assert tool.func is not None
         limit = self._run_timeout(tool)
-        decided = call.approval is not None
-        session, call_id = call.session, call.call_id
-        if (
-            (decided or not tool.idempotent)
-            and not self.ledger.durable_now(session, call_id, decided)
-            and not await self.ledger.durable(session, decided)
-        ):
-            # SPEC I15, D6: the ledger's "running" row must be durable before a handler
-            # with side effects starts, or a crash could make a re-send run it again;
-            # SPEC A3: a decided approval's outcome too, whatever the tool.
-            text = "the store cannot commit right now; the tool did not run"
-            self.end.error(call, ErrorCode.UNAVAILABLE, text, CallOutcome.UNAVAILABLE)
-            return
         # SPEC E3: the limit counts from the handler's start; the wait for a worker
         # thread is bounded by calls.thread_wait (then ``busy``, never started). SPEC
         # I8, J6: executing only once its handler starts; a wait is recorded (CallStart).
@@ -283,6 +276,34 @@ class Execution:
         self.end.finish(
             call, CallOutcome.PROMOTED, m.Dispatched, job_id=job_id, message=message, promoted=True
         )
+
+
+def _durable_now(ledger: CallLedger, call: Call, tool: ToolDef) -> bool:
+    """SPEC A3, I15, J6, D6: whether the call's handler, or its job, may start with no
+    wait for a commit. Nothing must be durable first for an ungated idempotent tool
+    (SPEC I15: a re-send may run it again) or an ungated job (its start makes its own
+    ``running`` row durable, SPEC J5); for any other call, its ``running`` rows must
+    be (:meth:`CallLedger.durable_now <gateway.ledger.CallLedger.durable_now>`: they
+    may be already). A decided approval's outcome must be committed before any
+    handler starts, a job's and an idempotent tool's too: else a kill after a failed
+    commit of the decision (D6) leaves the call waiting for its approval in the store,
+    and the restart says "it did not run" of a handler that ran (J6). Not a coroutine:
+    an ungated call costs no wait and no commit more."""
+    decided = call.approval is not None
+    if not decided and (tool.idempotent or tool.mode is Mode.ASYNC):
+        return True
+    return ledger.durable_now(call.session, call.call_id, decided)
+
+
+async def _made_durable(ledger: CallLedger, end: CallEnd, call: Call) -> bool:
+    """For a call :func:`_durable_now` said must wait: commit what it must (SPEC A3,
+    I15, D6; :meth:`CallLedger.durable <gateway.ledger.CallLedger.durable>`).
+    ``False`` when the store could not: the call has ended ``unavailable`` "the tool
+    did not run" (it did not: no handler started, no job was created)."""
+    if await ledger.durable(call.session, call.approval is not None):
+        return True
+    end.error(call, ErrorCode.UNAVAILABLE, NOT_DURABLE, CallOutcome.UNAVAILABLE)
+    return False
 
 
 def _in_flight_until_done(session: Session, handler: asyncio.Future[Any]) -> None:

@@ -344,7 +344,8 @@ def _durable_start(job: ActiveJob, idempotent: bool) -> Awaitable[None] | None:
     """Make ``job``'s staged ``running`` row durable before its handler (SPEC J5, J6):
     nothing for an idempotent tool, a journal append at once, or (a flush is a commit)
     the awaitable share of the turn's group commit. :class:`ToolFailure`
-    ``unavailable`` when it cannot be."""
+    ``unavailable`` when it cannot be. The decision of a gated call was committed
+    before its job was created (SPEC A3, :func:`gateway.execution._durable_now`)."""
     outbox = job.session.outbox
     if not idempotent and not job.session.store.journals:
         return _durable(job, outbox.durable(at_once=False))
