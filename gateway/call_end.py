@@ -70,6 +70,10 @@ class Call:
     every wait; after a wait for a worker thread, once its start is durable,
     :class:`gateway.call_start.CallStart`): an expiring session no longer cancels it
     (SPEC I15, I8)."""
+    unstarted: bool = False
+    """The store is told it has not started: it waited for a pre-hook or a worker thread
+    (:func:`gateway.call_start.mark_unstarted`, SPEC J6); its start must be made
+    durable before its handler runs (:class:`gateway.call_start.CallStart`)."""
     stopped: bool = False
     """A drain stopped it before its handler started (SPEC S4, J6): it ends
     ``unavailable``, saying it did not run (:meth:`gateway.pipeline.Pipeline.stop_unstarted`)."""

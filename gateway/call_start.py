@@ -1,14 +1,15 @@
-"""The start of a sync call's handler, and its wait for a worker thread (SPEC I8, J6).
+"""The start of a sync call's handler, and its waits before it (SPEC I8, J6).
 
 A plain handler runs in a worker thread (:mod:`gateway.workers`); when every thread the
-call may use is held, the call waits for one. A call cut off by a crash while it waits
-never ran, and a restart must say so (SPEC J6: "one that never started is never
-reported as interrupted"), where a call whose handler had started answers the
-restart's ``cancelled`` "while this call ran". :class:`CallStart` makes the difference
-durable, in the call's ledger row (:meth:`CallLedger.waiting
+call may use is held, the call waits for one. A pre-hook that returns an awaitable
+(SPEC I6) may make the call wait too. A call cut off by a crash while it waits never
+ran, and a restart must say so (SPEC J6: "one that never started is never reported as
+interrupted"), where a call whose handler had started answers the restart's
+``cancelled`` "while this call ran". :func:`mark_unstarted` and :class:`CallStart` make
+the difference durable, in the call's ledger row (:meth:`CallLedger.waiting
 <gateway.ledger.CallLedger.waiting>`), and only for a call that waits: a call that gets
-its thread at once, or whose handler is a coroutine, stages and commits nothing more
-than before (issue 13).
+its thread at once, or whose handler is a coroutine, after plain pre-hooks only,
+stages and commits nothing more than before (issue 13).
 """
 
 from __future__ import annotations
@@ -22,6 +23,18 @@ from gateway.failures import ToolFailure
 from gateway.jobs import NOT_DURABLE
 from gateway.ledger import CallLedger
 from protocol.errors import ErrorCode
+
+
+def mark_unstarted(call: Call, ledger: CallLedger) -> None:
+    """SPEC J6: ``call`` waits from now on (a worker thread, a pre-hook's awaitable) and
+    its handler has not started: its ledger row says so, durable at the next loop turn's
+    flush (scheduled here: a session that gets no ungated ``tool_start`` sends no frame
+    that would bring one, and the row would stay staged for as long as the server is
+    idle). Its start is then made durable before its handler runs
+    (:meth:`CallStart.begin`). Once is enough: a second wait finds it marked."""
+    if not call.unstarted and ledger.waiting(call.session, call.call_id):
+        call.unstarted = True
+        call.session.outbox.soon()
 
 
 class CallStart(Start):
@@ -51,30 +64,24 @@ class CallStart(Start):
         ledger: the principals' call ids (SPEC I15), where the record is staged.
     """
 
-    __slots__ = ("_call", "_ledger", "_waited")
+    __slots__ = ("_call", "_ledger")
 
     def __init__(self, call: Call, ledger: CallLedger) -> None:
         super().__init__()
         self._call = call
         self._ledger = ledger
-        self._waited = False
 
     def waiting(self) -> None:
-        """SPEC J6: the handler waits for a worker thread from now on; the call's ledger
-        row says it has not started, durable at the next loop turn's flush (scheduled
-        here: a session that gets no ungated ``tool_start`` sends no frame that would
-        bring one, and the row would stay staged for as long as the server is idle)."""
+        """SPEC J6: the handler waits for a worker thread from now on
+        (:func:`mark_unstarted`)."""
         if self.then is None:  # else promoted already: its job's queued row is the record
-            call = self._call
-            self._waited = self._ledger.waiting(call.session, call.call_id)
-            if self._waited:
-                call.session.outbox.soon()
+            mark_unstarted(self._call, self._ledger)
 
     def begin(self) -> Awaitable[None] | None:
-        """The call's own start: executing now, or, after a recorded wait, once its
-        start is durable (SPEC J6)."""
+        """The call's own start: executing now, or, after a recorded wait (a worker
+        thread, a pre-hook), once its start is durable (SPEC J6)."""
         call = self._call
-        if not self._waited:
+        if not call.unstarted:
             call.executing = True
             return None
         session = call.session

@@ -470,11 +470,18 @@ def cmd_token(args: argparse.Namespace) -> int:
     Every profile named must be in the configured catalog (``--config``, else the
     embedded demo catalog) unless ``--any-profile`` is given: a session of a profile the
     catalog lacks gets no tools (SPEC C2, fail closed), so a typo would show only there.
-    Exit 1, the file unchanged, on an unknown profile or a catalog that does not load.
+    Exit 1, the file unchanged, on a token file ``serve`` would refuse, an unknown
+    profile or a catalog that does not load.
     """
     from gateway.auth import hash_token, new_token
 
     path: Path = args.token_file
+    if path.exists():
+        try:
+            read_token_file(path)  # never append to a file serve would refuse (SPEC O5)
+        except TokenFileError as exc:
+            print(exc, file=sys.stderr)
+            return 1
     profiles = [p for p in args.profiles.split(",") if p]
     if not profiles:
         print("toolbus token: --profiles names no profile", file=sys.stderr)
@@ -493,12 +500,6 @@ def cmd_token(args: argparse.Namespace) -> int:
                 f"{', '.join(sorted(catalog.profiles))} (--any-profile mints it anyway)",
                 file=sys.stderr,
             )
-            return 1
-    if path.exists():
-        try:
-            read_token_file(path)  # never append to a file serve would refuse (SPEC O5)
-        except TokenFileError as exc:
-            print(exc, file=sys.stderr)
             return 1
     data = yaml.safe_load(path.read_text()) if path.exists() else None
     data = data or {"tokens": []}

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from catalog.model import Mode, ToolDef
 from gateway.authority import Authority, Lapse
 from gateway.call_end import PASS_THROUGH, Call, CallEnd
-from gateway.call_start import CallStart
+from gateway.call_start import CallStart, mark_unstarted
 from gateway.config import CallsConfig
 from gateway.context import ProgressRelay, ToolContext, no_progress
 from gateway.execute import as_object, run_handler
@@ -84,7 +84,8 @@ class Execution:
         """SPEC I5, I6: the call's context, then the pre-hooks; ``None`` when a hook
         denied the call (it has ended ``denied_by_hook``)."""
         ctx, info = self.context(call, tool)
-        deny = await run_pre(self.pre_hooks, info)
+        # SPEC J6: a call that waits for a pre-hook has not started; the store is told.
+        deny = await run_pre(self.pre_hooks, info, lambda: mark_unstarted(call, self.ledger))
         if deny is None:
             return ctx, info
         self.end.error(

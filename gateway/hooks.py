@@ -65,15 +65,22 @@ def resolve(path: str) -> Callable[..., Any]:
     return target  # type: ignore[no-any-return]
 
 
-async def run_pre(hooks: Sequence[PreHook], call: CallInfo) -> Deny | None:
+async def run_pre(
+    hooks: Sequence[PreHook], call: CallInfo, waits: Callable[[], None] | None = None
+) -> Deny | None:
     """Run pre-execute hooks in order; return the first deny, or ``None`` (SPEC I6).
 
     A hook is a plain function or a coroutine function; what it returns is awaited when
     it is awaitable (``None``, the common answer, is not asked: the ``Awaitable`` ABC
-    check is slow, and this runs on every call)."""
+    check is slow, and this runs on every call). ``waits`` is called once, before the
+    first such await: the call may wait there, and its handler has not started (SPEC
+    J6, :meth:`gateway.execution.Execution.prepare`)."""
     for hook in hooks:
         verdict = hook(call)
         if verdict is not None and inspect.isawaitable(verdict):
+            if waits is not None:
+                waits()
+                waits = None
             verdict = await verdict
         if isinstance(verdict, Deny):
             return verdict
