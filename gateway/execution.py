@@ -147,7 +147,9 @@ class Execution:
         """SPEC I9: answer ``dispatched`` at once; the job runner takes over. A job that
         cannot be created ends the call as :func:`_not_a_job` says."""
         try:
-            job_id = self.jobs.submit(call.session, tool, call.params, ctx, self._post(info))
+            job_id = self.jobs.submit(
+                call.session, tool, call.params, ctx, self._post(info), unstarted=call.unstarted
+            )
         except BaseException as exc:
             _not_a_job(self.end, call, tool, exc)
             return
@@ -262,7 +264,13 @@ class Execution:
         (SPEC I16, :func:`_not_a_job`); nothing of the job is left behind."""
         try:
             job_id = self.jobs.submit(
-                call.session, tool, call.params, ctx, self._post(info), adopt=work
+                call.session,
+                tool,
+                call.params,
+                ctx,
+                self._post(info),
+                adopt=work,
+                unstarted=call.unstarted,
             )
         except BaseException as exc:
             work[0].cancel()

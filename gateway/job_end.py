@@ -54,6 +54,12 @@ class ActiveJob:
     ``queued`` (:meth:`gateway.jobs.JobRunner._execute`). A promoted call's handler
     still waiting for its worker thread has not started either: its job is ``queued``
     until then (SPEC I14, :class:`gateway.execute.Start`)."""
+    unstarted: bool = False
+    """Its call's ledger row says the call has not started (a pre-hook's awaitable, a
+    wait for a worker thread: :func:`gateway.call_start.mark_unstarted`, SPEC J6): its
+    start is made durable before its handler runs, even for an ``idempotent`` tool, or
+    a kill right after it would leave that mark as the call's record ("it did not
+    run" of a handler that ran)."""
 
 
 def _done_fields(

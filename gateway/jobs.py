@@ -118,6 +118,7 @@ class JobRunner:
         post: PostProcess,
         adopt: Adopted | None = None,
         rerun: JobRow | None = None,
+        unstarted: bool = False,
     ) -> str:
         """Create a job and start it (SPEC I9, I14), or re-run a stored one (SPEC J5).
 
@@ -132,6 +133,7 @@ class JobRunner:
                 starts (SPEC J6: its :class:`~gateway.execute.Start` turns it
                 ``running``); a drain leaves it queued.
             rerun: a stored job a restart cut off, to run again under its own id.
+            unstarted: the call is marked not started (:attr:`ActiveJob.unstarted`).
 
         Returns:
             The job id.
@@ -164,7 +166,7 @@ class JobRunner:
         )
         job = ActiveJob(row, session, idempotent=tool.idempotent and adopt is None)
         job.in_thread = begun and not inspect.iscoroutinefunction(tool.func)
-        job.started = begun  # a promoted call's handler that runs already
+        job.started, job.unstarted = begun, unstarted  # begun: a promoted handler runs
         if adopt and isinstance(ctx.progress, ProgressRelay):  # the handler's own context
             ctx.progress.target = self._progress.sink(job)
         ctx = replace(ctx, job_id=job_id, progress=self._progress.sink(job))
@@ -335,7 +337,8 @@ def _starter(job: ActiveJob, tool: ToolDef, end: JobEnd, clock: Clock) -> OnStar
     def started() -> Awaitable[None] | None:
         job.in_thread = not inspect.iscoroutinefunction(tool.func)
         end.save(job, job.row.at_state(m.JobState.RUNNING, clock()))
-        return _durable_start(job, tool.idempotent)
+        # SPEC J6: a call marked not started needs its start durable, idempotent or not.
+        return _durable_start(job, tool.idempotent and not job.unstarted)
 
     return started
 
