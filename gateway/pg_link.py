@@ -47,6 +47,16 @@ on the reconnecting thread, never on the event loop)."""
 _Conn = psycopg.Connection[tuple[Any, ...]]
 
 
+def _usable(db: _Conn) -> bool:
+    """Whether ``db`` can run the store's next statement: open, not broken, and not
+    still busy with a command (the store runs one at a time, on the loop)."""
+    return (
+        not db.broken
+        and not db.closed
+        and db.info.transaction_status is not psycopg.pq.TransactionStatus.ACTIVE
+    )
+
+
 def redact(url: str) -> str:
     """``url`` without its password, for messages and logs."""
     params = conninfo_to_dict(url)
@@ -132,14 +142,29 @@ class PgLink:
 
     def conn(self) -> _Conn:
         """The live connection, or ``StoreUnavailable`` at once while there is none (a
-        thread is then connecting again; the loop never waits for it, SPEC D6)."""
+        thread is then connecting again; the loop never waits for it, SPEC D6).
+
+        A connection that libpq says still runs a command between two of the store's
+        (transaction status ``ACTIVE``: a result never read) is as good as lost: every
+        statement on it would fail "another command is already in progress" and, the
+        connection not being broken, none would ever reconnect. It is closed and
+        replaced, as a broken one is (:func:`_usable`)."""
         db = self._db
-        if db is not None and not db.broken and not db.closed:
+        if db is not None and _usable(db):
             return db
-        self._db = None
+        self._drop()
+        raise StoreUnavailable(f"store {self.where}: not connected; reconnecting")
+
+    def _drop(self) -> None:
+        """Close the connection (if it is still open) and connect again on a thread."""
+        db, self._db = self._db, None
+        if db is not None and not db.closed:
+            try:
+                db.close()
+            except psycopg.Error as exc:
+                logger.debug("store %s: closing a lost connection: %s", self.where, exc)
         if not self._closed:
             self._reconnect_soon()
-        raise StoreUnavailable(f"store {self.where}: not connected; reconnecting")
 
     def _reconnect_soon(self) -> None:
         with self._lock:
@@ -168,10 +193,8 @@ class PgLink:
         """The ``StoreUnavailable`` to raise for ``exc``; a broken connection is dropped
         and a reconnection started (SPEC D6, N7)."""
         db = self._db
-        if db is not None and db.broken:
-            self._db = None
-            if not self._closed:
-                self._reconnect_soon()
+        if db is not None and not _usable(db):
+            self._drop()
         return StoreUnavailable(f"store {self.where}: {doing} failed: {_line(exc)}")
 
     def read(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
