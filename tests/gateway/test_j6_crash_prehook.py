@@ -57,10 +57,11 @@ async def gate(info: Any) -> None:
         await asyncio.to_thread(fifo.read_text)
 
 
-def prehook_settings(tmp: Path) -> Any:
-    """The settings of the killed server and of the next one: the thread-holding tools
-    of ``test_j6_crash_unstarted.py`` behind the :func:`gate` pre-hook."""
-    settings = crash_settings(tmp, TOOLS)
+def prehook_settings(tmp: Path, tools: str = TOOLS) -> Any:
+    """The settings of the killed server and of the next one: ``tools`` (default: the
+    thread-holding tools of ``test_j6_crash_unstarted.py``) behind the :func:`gate`
+    pre-hook."""
+    settings = crash_settings(tmp, tools)
     _DATA[:] = [str(settings.data_dir)]
     hooks = ["tests.gateway.test_j6_crash_prehook:gate"]
     return settings.model_copy(

@@ -25,11 +25,11 @@ from typing import Any
 
 from gateway.context import ToolContext
 from tests.gateway.store_faults import until
+from tests.gateway.test_j6_crash_prehook import prehook_settings
 from tests.gateway.test_j6_crash_unstarted import (
     UNSTARTED,
     DurableLedger,
     _note,
-    crash_settings,
     runs,
 )
 from tests.pg_support import store_backend  # noqa: F401 (fixture: SQLite, PostgreSQL)
@@ -55,16 +55,6 @@ GATED: dict[str, Any] = {"options": {"tool_start": "gated"}}
 """The hello of every session here (SPEC A6): no ``tool_start`` for an ungated call, so
 nothing but the call's ``dispatched`` brings a flush in the turn the pre-hook let go."""
 
-_DATA: list[str] = []
-"""The server process's data folder (set by :func:`jobs_settings`)."""
-
-
-async def gate(info: Any) -> None:
-    """The pre-hook (SPEC I6): waits until the test writes to ``gate-<call id>``."""
-    fifo = Path(_DATA[0]) / f"gate-{info.call_id}"
-    if fifo.exists():
-        await asyncio.to_thread(fifo.read_text)
-
 
 async def die_once(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     """Notes its run; the first run kills its process before it yields to the loop."""
@@ -78,13 +68,8 @@ async def die_once(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
 
 def jobs_settings(tmp: Path) -> Any:
     """The settings of the killed server and of the next one: the jobs above behind
-    the :func:`gate` pre-hook."""
-    settings = crash_settings(tmp, TOOLS)
-    _DATA[:] = [str(settings.data_dir)]
-    hooks = ["tests.gateway.test_j6_crash_prehook_jobs:gate"]
-    return settings.model_copy(
-        update={"calls": settings.calls.model_copy(update={"pre_hooks": hooks})}
-    )
+    the pre-hook of ``test_j6_crash_prehook.py`` (it waits on ``gate-<call id>``)."""
+    return prehook_settings(tmp, TOOLS)
 
 
 SERVER_SCRIPT = """
