@@ -283,6 +283,78 @@ def test_pg_connection_left_busy_is_replaced(pg_url: str) -> None:  # noqa: F811
     store.close()
 
 
+def _commit_when_connected(store: PgStore, deadline: float) -> None:
+    """Commit what is staged as soon as the store has a connection again (a poll of
+    the outcome: nothing is ordered by it)."""
+    while True:
+        try:
+            store.commit()
+            return
+        except StoreUnavailable:
+            assert time.monotonic() < deadline, "the store never connected again"
+            time.sleep(0.005)
+
+
+def test_pg_commit_cut_off_inside_its_pipeline_recovers(pg_url: str) -> None:  # noqa: F811
+    """SPEC D6, N7: the backend is terminated while a commit's pipeline is in flight (a
+    database restart, or ``pg_terminate_backend`` returning before the backend is
+    gone). In about one kill of ten psycopg then fails "cannot exit pipeline mode while
+    busy" and leaves the connection neither broken nor closed, its transaction
+    ``ACTIVE``: a statement without parameters on it (a recovery read) then fails at
+    once without reading the socket, forever. The store must replace it, serve that
+    read, and commit everything staged, in order (found by a helper hunting the cause
+    of the busy connection above). Rounds until that case comes (each a real kill at a
+    random 0-5 ms into a run of commits); fails if it never came in 400 rounds, or if
+    the store does not recover from it."""
+    import random
+
+    store = PgStore(pg_url)
+    store.stage_session(session("s1"))
+    store.commit()
+    seq, cut_off = 0, 0
+    for _ in range(400):
+        db = store.link._db
+        assert db is not None
+        pid = db.info.backend_pid
+
+        def kill(pid: int = pid) -> None:
+            time.sleep(random.random() * 0.005)
+            with psycopg.connect(pg_url, autocommit=True) as admin:
+                admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+
+        killer = threading.Thread(target=kill)
+        killer.start()
+        try:
+            while True:
+                seq += 1
+                store.stage_event("s1", seq, b"{}")
+                try:
+                    store.commit()
+                except StoreUnavailable as exc:
+                    failure = str(exc)
+                    break
+        finally:
+            killer.join()
+        if "cannot exit pipeline mode" in failure:
+            cut_off += 1
+            # A read without parameters, as recovery's and the claim's are: on the
+            # stuck connection it never touches the socket, so only a new one serves it.
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    store.running_calls()
+                    break
+                except StoreUnavailable:
+                    assert time.monotonic() < deadline, "the stuck connection was kept"
+                    time.sleep(0.005)
+        _commit_when_connected(store, time.monotonic() + 10)
+        if cut_off:
+            break
+    assert cut_off, "no kill cut a commit off inside its pipeline in 400 rounds"
+    assert [n for n, _ in store.events_after("s1", 0)] == list(range(1, seq + 1))
+    store.close()
+
+
 def test_pg_text_it_cannot_hold_is_refused_at_staging(pg_url: str) -> None:  # noqa: F811
     """SPEC D6: text with U+0000 is BadValue to its one caller, nothing of it staged; the
     rest of the batch commits."""
