@@ -313,6 +313,37 @@ class ScriptServer:
             await self.proc.wait()
 
 
+class PortTaken(AssertionError):
+    """``toolbus serve`` could not listen on its configured port: another process took
+    it after the test picked it (a free port is free only when it is picked)."""
+
+
+async def serve_until_banner(
+    config: Path, address: str, errors: Path, wait: float
+) -> asyncio.subprocess.Process:
+    """``toolbus serve --config CONFIG`` with its stderr in ``errors``, once it printed
+    its banner naming ``address`` (at most ``wait`` seconds).
+
+    Raises:
+        PortTaken: it exited because the port was in use (the caller may pick another).
+        AssertionError: it exited or printed something else; the message holds its
+            stderr, so a failed start names its cause.
+    """
+    with errors.open("wb") as err:
+        proc = await spawn_serve("--config", str(config), stderr=err.fileno())
+    assert proc.stdout is not None
+    async with asyncio.timeout(wait):
+        banner = (await proc.stdout.readline()).decode()
+    if banner.startswith(f"toolbus serving on ws://{address}/"):
+        return proc
+    async with asyncio.timeout(wait):
+        await proc.wait()
+    text = await asyncio.to_thread(errors.read_text, errors="replace")
+    if "address already in use" in text:
+        raise PortTaken(text)
+    raise AssertionError(f"toolbus serve --config {config} did not start: {banner!r} {text}")
+
+
 @asynccontextmanager
 async def script_server(script: str, *args: str) -> AsyncIterator[ScriptServer]:
     """Run ``python -c SCRIPT ARGS`` in the repository folder; yield it once it printed

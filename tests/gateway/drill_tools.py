@@ -24,7 +24,7 @@ from pydantic import BaseModel
 
 from gateway.context import ToolContext
 from protocol import messages as m
-from tests.support import spawn_serve, write_token_file
+from tests.support import PortTaken, serve_until_banner, write_token_file
 
 START = 60.0
 """Seconds a ``toolbus serve`` may take to start (imports take seconds on a loaded machine)."""
@@ -166,6 +166,25 @@ def free_port() -> int:
     return port
 
 
+async def start_on_a_port(node: Any, wait: float) -> tuple[asyncio.subprocess.Process, int]:
+    """Start ``node`` (its ``name``, ``folder``, ``port``, ``config`` file, ``_settings``
+    and ``started``): ``(process, port)`` once its banner came. Before its first start
+    a port taken meanwhile (:class:`tests.support.PortTaken`) is replaced, up to three
+    times, and the config file rewritten."""
+    errors = node.folder / f"{node.name}.err"
+    for attempt in range(3):
+        address = f"127.0.0.1:{node.port}"
+        try:
+            return await serve_until_banner(node.config, address, errors, wait), node.port
+        except PortTaken:
+            if node.started or attempt == 2:
+                raise
+        node.port = free_port()
+        node._settings["server"]["port"] = node.port
+        node.config.write_text(yaml.safe_dump(node._settings))
+    raise AssertionError("unreachable")
+
+
 class DrillNode:
     """One ``toolbus serve`` on a fixed port (HAProxy names it), restartable, with a
     generated node id (``host-pid-random``) so a restart is a new node. ``overrides``
@@ -182,6 +201,7 @@ class DrillNode:
         (folder / "tools.yaml").write_text(TOOLS_YAML)
         (folder / "profiles.yaml").write_text(PROFILES_YAML)
         self.name = name
+        self.folder = folder
         self.port = free_port()
         self.config = folder / f"{name}.yaml"
         config = {
@@ -207,8 +227,10 @@ class DrillNode:
         }
         for section, values in (overrides or {}).items():
             config[section] = {**config.get(section, {}), **values}
+        self._settings = config
         self.config.write_text(yaml.safe_dump(config))
         self.proc: asyncio.subprocess.Process | None = None
+        self.started = False
 
     @property
     def address(self) -> str:
@@ -221,12 +243,11 @@ class DrillNode:
         return f"{socket.gethostname()}-{self.proc.pid}-"
 
     async def start(self) -> None:
-        """Start the process and wait for its banner (at most :data:`START` s)."""
-        self.proc = await spawn_serve("--config", str(self.config))
-        assert self.proc.stdout is not None
-        async with asyncio.timeout(START):
-            banner = (await self.proc.stdout.readline()).decode()
-        assert banner.startswith(f"toolbus serving on ws://{self.address}/"), banner
+        """Start the process and wait for its banner (at most :data:`START` s). At its
+        first start, a port another process took meanwhile is replaced by a new one
+        (nothing names it yet); a restart keeps its port (HAProxy names it)."""
+        self.proc, self.port = await start_on_a_port(self, START)
+        self.started = True
 
     async def stop(self, wait: float = 30.0) -> int:
         """SIGTERM (a drain, SPEC S4) unless it already ended; its exit status."""

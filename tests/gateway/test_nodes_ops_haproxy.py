@@ -21,6 +21,7 @@ from websockets.asyncio.client import connect
 import toolbus
 from gateway.config import DEMO_DIR
 from protocol import messages as m
+from tests.gateway.drill_tools import start_on_a_port
 from tests.gateway.lb_tools import (
     free_port,
     haproxy,
@@ -31,7 +32,7 @@ from tests.gateway.lb_tools import (
 )
 from tests.gateway.node_tools import START, until
 from tests.pg_support import pg_url  # noqa: F401 (fixture)
-from tests.support import CONVERT, ROOT, WAIT, Peer, resume_fields, spawn_serve, write_token_file
+from tests.support import CONVERT, ROOT, WAIT, Peer, resume_fields, write_token_file
 
 SUB: Any = ["toolbus.v1"]
 
@@ -41,6 +42,7 @@ class Node:
 
     def __init__(self, folder: Path, url: str, name: str, **server: Any) -> None:
         self.name = name
+        self.folder = folder
         self.port = free_port()
         self.config = folder / f"{name}.yaml"
         config = {
@@ -57,19 +59,20 @@ class Node:
             # Clients here call without pause: the invoke rate limit is not under test.
             "limits": {"invoke_rate": 1e6, "invoke_burst": 1_000_000},
         }
+        self._settings = config
         self.config.write_text(yaml.safe_dump(config))
         self.proc: asyncio.subprocess.Process | None = None
+        self.started = False
 
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
     async def start(self) -> None:
-        self.proc = await spawn_serve("--config", str(self.config))
-        assert self.proc.stdout is not None
-        async with asyncio.timeout(START):
-            banner = (await self.proc.stdout.readline()).decode()
-        assert banner.startswith(f"toolbus serving on ws://{self.address}/"), banner
+        """Start it and wait for its banner; at the first start a port another process
+        took meanwhile is replaced (:func:`tests.gateway.drill_tools.start_on_a_port`)."""
+        self.proc, self.port = await start_on_a_port(self, START)
+        self.started = True
 
     @property
     def node_prefix(self) -> str:
