@@ -39,11 +39,6 @@ def enabled() -> bool:
     return audit_logger.isEnabledFor(logging.INFO)
 
 
-def record(**fields: Any) -> None:
-    """Write one audit record (SPEC I11); ``fields`` are JSON values (:func:`write`)."""
-    write(fields)
-
-
 def write(fields: dict[str, Any]) -> None:
     """Write one audit record (SPEC I11) given as its fields (JSON values).
 

@@ -489,7 +489,10 @@ def cmd_token(args: argparse.Namespace) -> int:
     if not args.any_profile:
         catalog = _catalog(args)
         if catalog is None:
-            print("toolbus token: (--any-profile mints without the catalog)", file=sys.stderr)
+            print(
+                "toolbus token: the catalog did not load (--any-profile mints without it)",
+                file=sys.stderr,
+            )
             return 1
         unknown = [p for p in profiles if p not in catalog.profiles]
         if unknown:

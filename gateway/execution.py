@@ -84,6 +84,8 @@ class Execution:
         """SPEC I5, I6: the call's context, then the pre-hooks; ``None`` when a hook
         denied the call (it has ended ``denied_by_hook``)."""
         ctx, info = self.context(call, tool)
+        if not self.pre_hooks:
+            return ctx, info  # the default: no coroutine, no callback per call
         # SPEC J6: a call that waits for a pre-hook has not started; the store is told.
         deny = await run_pre(self.pre_hooks, info, lambda: mark_unstarted(call, self.ledger))
         if deny is None:

@@ -51,7 +51,7 @@ class BatchHandler(logging.Handler):
     """Hands audit lines to the :class:`AuditWriter` thread in batches (SPEC I11).
 
     A record becomes its JSON line where it is made: :meth:`add_audit_fields` encodes the fields
-    :func:`gateway.audit.record` gives it in one ``orjson`` call (the hot path, no
+    :func:`gateway.audit.write` gives it in one ``orjson`` call (the hot path, no
     :class:`logging.LogRecord`), and :meth:`emit` formats a record that came through
     the ``toolbus.audit`` logger with :class:`JsonFormatter` (same line). On a thread
     running an event loop the line joins the current batch, which a loop timer hands

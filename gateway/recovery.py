@@ -32,7 +32,7 @@ from gateway.mcp.mounts import McpMounts
 from gateway.outbox import Outbox
 from gateway.pipeline import Pipeline
 from gateway.session import Session, SessionTable, TokenBucket
-from gateway.store import JobRow, LedgerRow, Store
+from gateway.store import JobRow, LedgerRow, SessionRow, Store
 from protocol import messages as m
 from protocol.codec import decode_json
 from protocol.errors import ErrorCode
@@ -92,13 +92,11 @@ class Recovery:
         """
         now = self._clock()
         sessions = self._sessions
-        gone: dict[str, tuple[str, str]] = {}
-        profiles: dict[str, str] = {}
+        gone: dict[str, SessionRow] = {}
         for row in self._store.all_sessions():
             if row.expires_at is not None and row.expires_at < now:
                 self._store.delete_session(row.session_id)
-                gone[row.session_id] = (row.tenant or "", row.user)
-                profiles[row.session_id] = row.profile
+                gone[row.session_id] = row
                 continue
             profile = self._catalog.current.profile(row.profile)
             session = sessions.adopt(row, profile, self._bucket(), now)
@@ -107,7 +105,7 @@ class Recovery:
         settled = self._settle_calls(running, sessions.sessions, gone)
         # SPEC I15: a call id cut off here never runs again, from any session.
         ended = self._pipeline.ledger.recover(keep=settled.adopted, unstarted=settled.unstarted)
-        self._audit_orphans(ended, settled, profiles)
+        self._audit_orphans(ended, settled)
         count, held = self._jobs.settle(
             sessions.sessions,
             lambda row: self._rerun_plan(row, sessions.get(row.session_id)),
@@ -138,7 +136,7 @@ class Recovery:
         ended = self._pipeline.ledger.recover(
             ledger, keep=settled.adopted, unstarted=settled.unstarted
         )
-        self._audit_orphans(ended, settled, {})
+        self._audit_orphans(ended, settled)
         count, _ = self._jobs.settle(
             sessions, lambda row: self._rerun_plan(row, sessions.get(row.session_id)), rows=jobs
         )
@@ -161,7 +159,7 @@ class Recovery:
         self,
         calls: list[tuple[str, str, bytes | None]],
         sessions: Mapping[str, Session],
-        gone: Mapping[str, tuple[str, str]] | None = None,
+        gone: Mapping[str, SessionRow] | None = None,
     ) -> Settled:
         """Calls a restart or a dead node cut off end ``cancelled`` (SPEC I12, A4), or
         ``unavailable`` :data:`~gateway.ledger.UNSTARTED` when their handler had not
@@ -169,11 +167,11 @@ class Recovery:
         note names the approval they still waited for), unless their ledger row says
         they ended (N3: their end waits in an inbox); those a drained node handed off
         while pending approval are adopted here and run on (SPEC N6,
-        :mod:`gateway.handoff`). ``gone``: ``(tenant or "", user)`` of the sessions that
-        expired before the restart, by id: a call of theirs that still waited for its
-        approval has no session to be told, but its ledger row still ends
-        :data:`~gateway.ledger.UNSTARTED` (SPEC J6, I15: a re-send from the principal's
-        next session must not hear it ran).
+        :mod:`gateway.handoff`). ``gone``: the stored rows of the sessions that expired
+        before the restart, by id: a call of theirs has no session to be told, but its
+        ledger row still ends, :data:`~gateway.ledger.UNSTARTED` when it waited for its
+        approval (SPEC J6, I15: a re-send from the principal's next session must not
+        hear it ran), and its audit record names the session (SPEC I11).
 
         Returns:
             What was settled, by ledger key (:class:`Settled`).
@@ -189,11 +187,12 @@ class Recovery:
                 # owner's inbox, or was delivered. Ending it again would end it twice.
                 continue
             if session is None:
-                principal = (gone or {}).get(session_id)
-                if principal is not None:
-                    key = (*principal, call_id)
-                    settled.orphans[key] = (session_id, note_dict.get("approval_id"))
-                    if note_dict.get("approval_id"):
+                expired = (gone or {}).get(session_id)
+                if expired is not None:
+                    key = (expired.tenant or "", expired.user, call_id)
+                    approval_id = note_dict.get("approval_id")
+                    settled.orphans[key] = (session_id, expired.profile, approval_id)
+                    if approval_id:
                         unstarted.add(key)
                 continue
             key = principal_key(session, call_id)
@@ -204,23 +203,19 @@ class Recovery:
                 unstarted.add(key)
         return settled
 
-    def _audit_orphans(
-        self,
-        ended: list[tuple[LedgerRow, ErrorCode]],
-        settled: Settled,
-        profiles: Mapping[str, str],
-    ) -> None:
-        """SPEC I11: an audit record for each call the ledger ended with no session to
-        tell: its session expired before the restart, or had ended (``bye``) with the
-        call still running. ``session`` and ``profile`` name the expired session when
-        its call row was still there (``profiles``: by session id), else ``null``."""
+    def _audit_orphans(self, ended: list[tuple[LedgerRow, ErrorCode]], settled: Settled) -> None:
+        """SPEC I11: an audit record for each call the ledger ended (``ended``: the row
+        and its code) with no session to tell: its session expired before the restart,
+        or had ended (``bye``) with the call still running. ``session`` and ``profile``
+        name the expired session when its call row was still there
+        (:attr:`Settled.orphans`), else ``null``."""
         now = self._clock()
         for row, code in ended:
             key = (row.tenant, row.user, row.call_id)
             if key in settled.told:
                 continue  # its session was told, and its record written (_interrupt_call)
-            session_id, approval_id = settled.orphans.get(key, (None, None))
-            who = (profiles.get(session_id or ""), row.user, session_id)
+            session_id, profile, approval_id = settled.orphans.get(key, (None, None, None))
+            who = (profile, row.user, session_id)
             _audit_cut_off(who, row.call_id, row.tool, code, approval_id, now, self._outbox)
 
     def _interrupt_call(self, call_id: str, note: dict[str, str], session: Session) -> bool:
@@ -275,13 +270,14 @@ class Settled:
     approval (their ledger rows say nothing of it: :meth:`CallLedger.recover
     <gateway.ledger.CallLedger.recover>` ends them the same way). ``told``: those whose
     session was told (and their audit record written). ``orphans``: calls of sessions
-    that expired before the restart, each ``(session_id, approval_id or None)``.
+    that expired before the restart, each ``(session_id, profile, approval_id or
+    None)``.
     """
 
     adopted: set[Key] = field(default_factory=set)
     unstarted: set[Key] = field(default_factory=set)
     told: set[Key] = field(default_factory=set)
-    orphans: dict[Key, tuple[str, str | None]] = field(default_factory=dict)
+    orphans: dict[Key, tuple[str, str, str | None]] = field(default_factory=dict)
 
 
 def _audit_cut_off(

@@ -313,6 +313,27 @@ class ScriptServer:
             await self.proc.wait()
 
 
+def gateway_script(settings: str) -> str:
+    """A ``python -c`` script for :func:`script_server`: a :class:`Gateway` in a process
+    of its own (so a test can SIGKILL it), on the settings ``settings(Path(argv[1]))``
+    gives, ``settings`` named ``module:function``; it prints its port, then serves."""
+    module, function = settings.split(":")
+    return f"""
+import asyncio, sys
+from pathlib import Path
+from gateway.server import Gateway
+from {module} import {function}
+
+async def main():
+    gateway = Gateway({function}(Path(sys.argv[1])))
+    await gateway.start()
+    print(gateway.port, flush=True)
+    await asyncio.Event().wait()
+
+asyncio.run(main())
+"""
+
+
 class PortTaken(AssertionError):
     """``toolbus serve`` could not listen on its configured port: another process took
     it after the test picked it (a free port is free only when it is picked)."""

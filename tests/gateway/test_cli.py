@@ -119,7 +119,7 @@ def test_token_mints_hash_only(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert entry == {"sha256": hash_token(token), "user": "ana", "profiles": ["demo", "voice"]}
 
 
-def test_token_refuses_a_profile_the_catalog_lacks(
+def test_s2_c2_token_refuses_a_profile_the_catalog_lacks(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """SPEC S2, C2: a typo in `--profiles` is refused before the file is touched (a
@@ -141,7 +141,7 @@ def test_token_refuses_a_profile_the_catalog_lacks(
     assert entry == {"sha256": hash_token(token), "user": "ana", "profiles": ["demo", "vocie", "x"]}
 
 
-def test_token_checks_the_configured_catalog(
+def test_s2_c2_token_checks_the_configured_catalog(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """SPEC S2, C2: with `--config`, the profiles are those of that config's catalog."""
@@ -244,7 +244,7 @@ def test_config_mistakes_are_named(tmp_path: Path, capsys: pytest.CaptureFixture
     assert capsys.readouterr().err == f"{tmp_path / 'absent.yaml'}: no such file\n"
 
 
-def test_check_notes_a_token_for_a_profile_the_catalog_lacks(
+def test_o5_check_notes_a_token_for_a_profile_the_catalog_lacks(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """SPEC O5, C2: `toolbus check` names a token-file entry whose profile the catalog

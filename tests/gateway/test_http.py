@@ -104,7 +104,7 @@ async def test_http_methods(gateway: Gateway) -> None:
             assert b"Allow: GET, HEAD" in head
 
 
-async def test_websockets_logs_no_line_per_connection(
+async def test_o2_websockets_logs_no_line_per_connection(
     gateway: Gateway, caplog: pytest.LogCaptureFixture
 ) -> None:
     """SPEC O2: a probe of /healthz or /metrics (a load balancer's, every two seconds)

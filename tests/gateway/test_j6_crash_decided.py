@@ -23,6 +23,8 @@ import sqlite3
 import sys
 import urllib.request
 from asyncio.subprocess import PIPE
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +38,7 @@ from tests.support import (
     WAIT,
     Peer,
     barrier,
+    gateway_script,
     peer,
     peer_at,
     resume_fields,
@@ -84,20 +87,7 @@ def decided_settings(tmp: Path) -> Any:
     return crash_settings(tmp, TOOLS)
 
 
-SERVER_SCRIPT = """
-import asyncio, sys
-from pathlib import Path
-from gateway.server import Gateway
-from tests.gateway.test_j6_crash_decided import decided_settings
-
-async def main():
-    gateway = Gateway(decided_settings(Path(sys.argv[1])))
-    await gateway.start()
-    print(gateway.port, flush=True)
-    await asyncio.Event().wait()
-
-asyncio.run(main())
-"""
+SERVER_SCRIPT = gateway_script("tests.gateway.test_j6_crash_decided:decided_settings")
 
 SETTLED = (
     'toolbus_invocations_total{outcome="unavailable"}',
@@ -121,10 +111,34 @@ def _above_zero(text: str, samples: tuple[str, ...]) -> bool:
     return False
 
 
-async def _metric_above_zero(port: int, *samples: str) -> None:
+async def metric_above_zero(port: int, *samples: str) -> None:
+    """Once one of ``samples`` (a metric's name and labels, SPEC O2) is above zero at
+    the server on ``port`` (another process's state: polled, at most ``WAIT`` s)."""
     async with asyncio.timeout(WAIT):  # another process's state: polled
         while not _above_zero(await asyncio.to_thread(_metrics, port), samples):  # noqa: ASYNC110
             await asyncio.sleep(MS)
+
+
+@asynccontextmanager
+async def commits_failing(db: Path, p: Peer, port: int) -> AsyncIterator[None]:
+    """SPEC D6: for the block, another process holds the lock of the SQLite file ``db``
+    (:data:`~tests.gateway.store_faults.LOCKER`), and a commit of the server at ``port``
+    has already failed: ``p``'s probe makes a flush journal its session row, and the
+    commit that flush owes fails (``toolbus_store_commit_failures_total`` above 0)."""
+    locker = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", LOCKER, str(db), stdin=PIPE, stdout=PIPE
+    )
+    try:
+        assert locker.stdout is not None
+        assert await locker.stdout.readline() == b"locked\n"
+        await p.send({"type": "context.update", "id": "probe", "context": {}})
+        await p.expect("context", id="probe")
+        await metric_above_zero(port, "toolbus_store_commit_failures_total")
+        yield
+    finally:
+        if locker.returncode is None:
+            locker.kill()
+        await locker.communicate()
 
 
 async def _allowed_while_locked(
@@ -141,25 +155,12 @@ async def _allowed_while_locked(
     ):
         await p.invoke("g1", tool, {})
         start = await p.expect("tool_start", call_id="g1")
-        locker = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", LOCKER, str(db), stdin=PIPE, stdout=PIPE
-        )
-        try:
-            assert locker.stdout is not None
-            assert await locker.stdout.readline() == b"locked\n"
-            # A flush journals the session row; the commit it owes fails (SPEC D6).
-            await p.send({"type": "context.update", "id": "probe", "context": {}})
-            await p.expect("context", id="probe")
-            await _metric_above_zero(first.port, "toolbus_store_commit_failures_total")
+        async with commits_failing(db, p, first.port):
             confirm = {"type": "tool.confirm", "approval_id": start["approval_id"]}
             await p.send({**confirm, "id": "r1", "decision": "allow"})
             assert (await p.expect("confirm.result", id="r1"))["accepted"] is True
-            await _metric_above_zero(first.port, *SETTLED)
+            await metric_above_zero(first.port, *SETTLED)
             await first.crash()
-        finally:
-            if locker.returncode is None:
-                locker.kill()
-            await locker.communicate()
     assert first.proc.returncode == -9
     return p, start
 

@@ -22,15 +22,13 @@ from __future__ import annotations
 
 import asyncio
 import os
-import sys
-from asyncio.subprocess import PIPE
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.gateway.store_faults import LOCKER, until
-from tests.gateway.test_j6_crash_decided import SETTLED, _metric_above_zero
+from tests.gateway.store_faults import until
+from tests.gateway.test_j6_crash_decided import SETTLED, commits_failing, metric_above_zero
 from tests.gateway.test_j6_crash_unstarted import (
     HOLD_TOOLS,
     RESTARTED,
@@ -40,7 +38,15 @@ from tests.gateway.test_j6_crash_unstarted import (
     runs,
 )
 from tests.pg_support import store_backend  # noqa: F401 (fixture: SQLite, PostgreSQL)
-from tests.support import barrier, peer, peer_at, resume_fields, running, script_server
+from tests.support import (
+    barrier,
+    gateway_script,
+    peer,
+    peer_at,
+    resume_fields,
+    running,
+    script_server,
+)
 
 TOOLS = "\ntools:" + HOLD_TOOLS
 
@@ -69,20 +75,7 @@ def prehook_settings(tmp: Path, tools: str = TOOLS) -> Any:
     )
 
 
-SERVER_SCRIPT = """
-import asyncio, sys
-from pathlib import Path
-from gateway.server import Gateway
-from tests.gateway.test_j6_crash_prehook import prehook_settings
-
-async def main():
-    gateway = Gateway(prehook_settings(Path(sys.argv[1])))
-    await gateway.start()
-    print(gateway.port, flush=True)
-    await asyncio.Event().wait()
-
-asyncio.run(main())
-"""
+SERVER_SCRIPT = gateway_script("tests.gateway.test_j6_crash_prehook:prehook_settings")
 
 
 def _said(message: dict[str, Any]) -> tuple[str, str, str]:
@@ -182,23 +175,10 @@ async def test_j6_d6_a_call_its_pre_hook_held_while_commits_failed_did_not_run(
     ):
         await p.invoke("c3", "hold", {})
         await until(lambda: ledger.unstarted("c3"), "c3's row to say it has not started")
-        locker = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", LOCKER, str(db), stdin=PIPE, stdout=PIPE
-        )
-        try:
-            assert locker.stdout is not None
-            assert await locker.stdout.readline() == b"locked\n"
-            # A flush journals the session row; the commit it owes fails (SPEC D6).
-            await p.send({"type": "context.update", "id": "probe", "context": {}})
-            await p.expect("context", id="probe")
-            await _metric_above_zero(first.port, "toolbus_store_commit_failures_total")
+        async with commits_failing(db, p, first.port):
             await asyncio.to_thread((settings.data_dir / "gate-c3").write_text, "go")
-            await _metric_above_zero(first.port, *SETTLED)
+            await metric_above_zero(first.port, *SETTLED)
             await first.crash()
-        finally:
-            if locker.returncode is None:
-                locker.kill()
-            await locker.communicate()
     seen, resent = await _restarted(settings, p, "c3")
     assert seen == [("call.error", "unavailable", UNSTARTED)]
     assert resent == seen[0]

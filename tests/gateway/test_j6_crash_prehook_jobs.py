@@ -33,7 +33,16 @@ from tests.gateway.test_j6_crash_unstarted import (
     runs,
 )
 from tests.pg_support import store_backend  # noqa: F401 (fixture: SQLite, PostgreSQL)
-from tests.support import WAIT, barrier, peer, peer_at, resume_fields, running, script_server
+from tests.support import (
+    WAIT,
+    barrier,
+    gateway_script,
+    peer,
+    peer_at,
+    resume_fields,
+    running,
+    script_server,
+)
 
 TOOLS = """
 tools:
@@ -72,20 +81,7 @@ def jobs_settings(tmp: Path) -> Any:
     return prehook_settings(tmp, TOOLS)
 
 
-SERVER_SCRIPT = """
-import asyncio, sys
-from pathlib import Path
-from gateway.server import Gateway
-from tests.gateway.test_j6_crash_prehook_jobs import jobs_settings
-
-async def main():
-    gateway = Gateway(jobs_settings(Path(sys.argv[1])))
-    await gateway.start()
-    print(gateway.port, flush=True)
-    await asyncio.Event().wait()
-
-asyncio.run(main())
-"""
+SERVER_SCRIPT = gateway_script("tests.gateway.test_j6_crash_prehook_jobs:jobs_settings")
 
 
 def _said(message: dict[str, Any]) -> tuple[str, str, str]:

@@ -20,11 +20,9 @@ import os
 import re
 import signal
 import sqlite3
-import sys
 import threading
 import time
 import urllib.request
-from asyncio.subprocess import PIPE
 from pathlib import Path
 from typing import Any
 
@@ -727,21 +725,6 @@ def _file_records(data_dir: Path) -> list[dict[str, Any]]:
     return [orjson.loads(line) for line in lines if line.strip()]
 
 
-def _metric(port: int, sample: str) -> float:
-    """The value of ``sample`` (a metric's name and labels) at ``port`` (SPEC O2), 0 when
-    the server has none yet."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=WAIT) as answer:
-        text = answer.read().decode()
-    found = re.search(rf"^{re.escape(sample)} (\S+)$", text, re.M)
-    return 0.0 if found is None else float(found.group(1))
-
-
-async def _metric_above_zero(port: int, sample: str) -> None:
-    async with asyncio.timeout(WAIT):  # another process's state: polled
-        while await asyncio.to_thread(_metric, port, sample) == 0:  # noqa: ASYNC110
-            await asyncio.sleep(MS)
-
-
 async def test_i11_a_call_ended_while_commits_failed_is_audited_once_after_a_crash(
     tmp_path: Path,
 ) -> None:
@@ -751,7 +734,7 @@ async def test_i11_a_call_ended_while_commits_failed_is_audited_once_after_a_cra
     it wrote `h1`'s audit record; the restart ends `h1` ``cancelled``. The audit has
     exactly one record of `h1` over both processes, not the killed process's ``ok``
     and the restart's ``cancelled``."""
-    from tests.gateway.store_faults import LOCKER
+    from tests.gateway.test_j6_crash_decided import commits_failing, metric_above_zero
     from tests.gateway.tools_for_tests import audit_records
 
     settings = crash_settings(tmp_path)
@@ -766,18 +749,9 @@ async def test_i11_a_call_ended_while_commits_failed_is_audited_once_after_a_cra
         await p.invoke("h1", "hold_fifo", {})
         start = await p.expect("tool_start", call_id="h1")
         await until(lambda: runs(data_dir) == ["h1"], "h1's handler to run")
-        locker = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", LOCKER, str(db), stdin=PIPE, stdout=PIPE
-        )
-        try:
-            assert locker.stdout is not None
-            assert await locker.stdout.readline() == b"locked\n"
-            # A flush journals the session row; the commit it owes fails (SPEC D6).
-            await p.send({"type": "context.update", "id": "probe", "context": {}})
-            await p.expect("context", id="probe")
-            await _metric_above_zero(first.port, "toolbus_store_commit_failures_total")
+        async with commits_failing(db, p, first.port):
             await asyncio.to_thread(release.write_text, "go")
-            await _metric_above_zero(first.port, 'toolbus_invocations_total{outcome="ok"}')
+            await metric_above_zero(first.port, 'toolbus_invocations_total{outcome="ok"}')
             # h1 ended there. An audit line it wrote would reach the file one batch
             # (BatchHandler.DELAY, 20 ms) later: give it ample time, then kill.
             with contextlib.suppress(TimeoutError):
@@ -787,10 +761,6 @@ async def test_i11_a_call_ended_while_commits_failed_is_audited_once_after_a_cra
             seen = await barrier(p)
             assert not [m for m in seen if m.get("call_id") == "h1"], "h1's end was held"
             await first.crash()
-        finally:
-            if locker.returncode is None:
-                locker.kill()
-            await locker.communicate()
     before = [r for r in _file_records(data_dir) if r["call_id"] == "h1"]
     with audit_records() as records:
         async with (

@@ -53,7 +53,7 @@ def test_audit_records_go_to_their_own_file(tmp_path: Path) -> None:
     path = tmp_path / "audit" / "audit.jsonl"
     writer = logs.setup("INFO", True, path)
     assert writer is not None
-    audit.record(tool="t", outcome="ok", params=audit.redact({"pw": "x", "a": 1}, ["pw"], 100))
+    audit.write(dict(tool="t", outcome="ok", params=audit.redact({"pw": "x", "a": 1}, ["pw"], 100)))
     writer.close()
     [line] = path.read_text().splitlines()
     record = json.loads(line)
@@ -82,12 +82,12 @@ async def test_i11_audit_records_of_one_loop_turn_reach_the_file_in_order(
     writer = logs.setup("INFO", True, path)
     assert writer is not None
     for i in range(3):
-        audit.record(tool="t", outcome=f"a{i}")
+        audit.write(dict(tool="t", outcome=f"a{i}"))
     async with asyncio.timeout(WAIT):  # the batch's timer hands it over; the writer writes
         while len(path.read_text().splitlines()) < 3:  # noqa: ASYNC110 - a file, no event
             await asyncio.sleep(logs.BatchHandler.DELAY)
     for i in range(3):
-        audit.record(tool="t", outcome=f"b{i}")
+        audit.write(dict(tool="t", outcome=f"b{i}"))
     writer.close()  # within the turn: close hands the gathered batch over first
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     assert [line["outcome"] for line in lines] == ["a0", "a1", "a2", "b0", "b1", "b2"]
@@ -95,13 +95,13 @@ async def test_i11_audit_records_of_one_loop_turn_reach_the_file_in_order(
 
 @pytest.mark.usefixtures("restore_logging")
 def test_i11_direct_and_logging_paths_write_the_same_line(tmp_path: Path) -> None:
-    """SPEC I11: a record written through ``audit.record`` (no LogRecord, the hot path)
+    """SPEC I11: a record written through ``audit.write`` (no LogRecord, the hot path)
     and one that came through the ``toolbus.audit`` logger give lines of one shape:
     ``ts`` first, then the fields."""
     path = tmp_path / "audit.jsonl"
     writer = logs.setup("INFO", True, path)
     assert writer is not None
-    audit.record(tool="t", outcome="ok", params={"a": 1})
+    audit.write(dict(tool="t", outcome="ok", params={"a": 1}))
     logging.getLogger("toolbus.audit").info(
         "audit", extra={"audit": {"tool": "t", "outcome": "ok", "params": {"a": 1}}}
     )
@@ -130,9 +130,9 @@ def test_i11_a_handler_added_to_the_audit_logger_gets_every_record(tmp_path: Pat
 
     extra = Collect()
     logging.getLogger("toolbus.audit").addHandler(extra)
-    audit.record(tool="t", outcome="ok")
+    audit.write(dict(tool="t", outcome="ok"))
     logging.getLogger("toolbus.audit").removeHandler(extra)
-    audit.record(tool="t", outcome="error")
+    audit.write(dict(tool="t", outcome="error"))
     writer.close()
     assert seen == [{"tool": "t", "outcome": "ok"}]
     lines = [json.loads(line) for line in path.read_text().splitlines()]
@@ -146,7 +146,7 @@ def test_i11_audit_records_from_a_thread_without_a_loop_are_written(tmp_path: Pa
     path = tmp_path / "audit.jsonl"
     writer = logs.setup("INFO", True, path)
     assert writer is not None
-    thread = threading.Thread(target=lambda: audit.record(tool="t", outcome="from-thread"))
+    thread = threading.Thread(target=lambda: audit.write(dict(tool="t", outcome="from-thread")))
     thread.start()
     thread.join()
     writer.close()

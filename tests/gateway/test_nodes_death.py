@@ -7,6 +7,8 @@ import asyncio
 import json
 import signal
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -159,12 +161,7 @@ async def test_n4_third_node_settles_the_work_of_a_dead_node_for_a_session_held_
             await on_a.invoke("c3", "gated_job", {"dir": str(tmp_path)})
             await on_a.expect("tool_start", call_id="c3")
             last = max(msg["seq"] for msg in on_a.seen if "seq" in msg)
-        async with connect(c.url, subprotocols=SUB) as ws_c:
-            on_c = Peer(ws_c)
-            assert (await on_c.hello(**resume_fields(on_a, last)))["resumed"] is True
-            await barrier(on_c)
-            a.proc.kill()
-            await a.proc.wait()
+        async with _resumed_after_a_dies(c.url, on_a, last, a.proc) as on_c:
             resolved = await on_c.expect("tool.resolved", call_id="c3")
             assert resolved["reason"] == "disconnected"
             ended = await on_c.terminal("c3")
@@ -230,6 +227,21 @@ async def test_n4_frozen_node_is_declared_dead_writes_nothing_and_stops(
     assert completed(tmp_path) == ["j1"]  # the handler did return on A: nothing of it landed
 
 
+@asynccontextmanager
+async def _resumed_after_a_dies(
+    url: str, on_a: Peer, last: int, a: asyncio.subprocess.Process
+) -> AsyncIterator[Peer]:
+    """``on_a``'s session resumed (from ``last``) on the node at ``url``, then node A's
+    process SIGKILLed (SPEC N4: a live node claims its work); yields the resumed peer."""
+    async with connect(url, subprotocols=SUB) as ws:
+        resumed = Peer(ws)
+        assert (await resumed.hello(**resume_fields(on_a, last)))["resumed"] is True
+        await barrier(resumed)
+        a.kill()
+        await a.wait()
+        yield resumed
+
+
 def _audited(folder: Path, call_id: str) -> list[tuple[str, str, Any]]:
     """``(node, outcome, duration_ms)`` of every audit record of ``call_id`` in the
     nodes' audit files (``data-<node>/audit.jsonl``, SPEC I11)."""
@@ -260,12 +272,7 @@ async def test_i11_a_dead_node_call_settled_for_a_session_held_elsewhere_is_audi
             await on_a.invoke("c3", "gated_job", {"dir": str(tmp_path)})
             await on_a.expect("tool_start", call_id="c3")
             last = max(msg["seq"] for msg in on_a.seen if "seq" in msg)
-        async with connect(c.url, subprotocols=SUB) as ws_c:
-            on_c = Peer(ws_c)
-            assert (await on_c.hello(**resume_fields(on_a, last)))["resumed"] is True
-            await barrier(on_c)
-            a.proc.kill()
-            await a.proc.wait()
+        async with _resumed_after_a_dies(c.url, on_a, last, a.proc) as on_c:
             ended = await on_c.terminal("c3")
             assert (ended["type"], ended["code"], ended["message"]) == ("call.error", *UNSTARTED)
             await barrier(on_c)

@@ -228,6 +228,19 @@ def terminate(store: PgStore) -> None:
         admin.execute("SELECT pg_terminate_backend(%s)", (db.info.backend_pid,))
 
 
+def _when_connected(op: Callable[[], object], failure: str = "never connected again") -> None:
+    """Run ``op`` (a store call) as soon as the store serves it again, within 10 s, else
+    fail with ``failure``: a poll of the outcome, nothing is ordered by it (SPEC D6)."""
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            op()
+            return
+        except StoreUnavailable:
+            assert time.monotonic() < deadline, f"the store {failure}"
+            time.sleep(0.005)
+
+
 def test_pg_lost_connection_fails_closed_and_recovers(pg_url: str) -> None:  # noqa: F811
     """SPEC N7, D6: the server ends the store's connection: the commit fails at once with
     everything kept staged; a thread connects again; the next commit writes it all."""
@@ -241,19 +254,12 @@ def test_pg_lost_connection_fails_closed_and_recovers(pg_url: str) -> None:  # n
     with pytest.raises(StoreUnavailable):
         store.commit()
     assert time.monotonic() - started < 1.0
-    deadline = time.monotonic() + 10
-    while True:  # polls the outcome; nothing is ordered by this wait
-        try:
-            store.commit()
-            break
-        except StoreUnavailable:
-            assert time.monotonic() < deadline, "the store never connected again"
-            time.sleep(0.01)
+    _when_connected(store.commit)
     assert store.events_after("s1", 0) == [(1, b"{}"), (2, b'{"n":2}')]
     store.close()
 
 
-def test_pg_connection_left_busy_is_replaced(pg_url: str) -> None:  # noqa: F811
+def test_d6_n7_pg_connection_left_busy_is_replaced(pg_url: str) -> None:  # noqa: F811
     """SPEC D6, N7: a connection libpq holds as still running a command (a result never
     read: every statement then fails "another command is already in progress", and the
     connection is not broken) is dropped and replaced; the store recovers by itself
@@ -270,32 +276,13 @@ def test_pg_connection_left_busy_is_replaced(pg_url: str) -> None:  # noqa: F811
     store.stage_event("s1", 2, b'{"n":2}')
     with pytest.raises(StoreUnavailable):
         store.commit()
-    deadline = time.monotonic() + 10
-    while True:  # polls the outcome; nothing is ordered by this wait
-        try:
-            store.commit()
-            break
-        except StoreUnavailable:
-            assert time.monotonic() < deadline, "the store never connected again"
-            time.sleep(0.01)
+    _when_connected(store.commit)
     assert busy.closed
     assert store.events_after("s1", 0) == [(1, b"{}"), (2, b'{"n":2}')]
     store.close()
 
 
-def _commit_when_connected(store: PgStore, deadline: float) -> None:
-    """Commit what is staged as soon as the store has a connection again (a poll of
-    the outcome: nothing is ordered by it)."""
-    while True:
-        try:
-            store.commit()
-            return
-        except StoreUnavailable:
-            assert time.monotonic() < deadline, "the store never connected again"
-            time.sleep(0.005)
-
-
-def test_pg_commit_cut_off_inside_its_pipeline_recovers(pg_url: str) -> None:  # noqa: F811
+def test_d6_n7_pg_commit_cut_off_inside_its_pipeline_recovers(pg_url: str) -> None:  # noqa: F811
     """SPEC D6, N7: the backend is terminated while a commit's pipeline is in flight (a
     database restart, or ``pg_terminate_backend`` returning before the backend is
     gone). In about one kill of ten psycopg then fails "cannot exit pipeline mode while
@@ -339,15 +326,8 @@ def test_pg_commit_cut_off_inside_its_pipeline_recovers(pg_url: str) -> None:  #
             cut_off += 1
             # A read without parameters, as recovery's and the claim's are: on the
             # stuck connection it never touches the socket, so only a new one serves it.
-            deadline = time.monotonic() + 10
-            while True:
-                try:
-                    store.running_calls()
-                    break
-                except StoreUnavailable:
-                    assert time.monotonic() < deadline, "the stuck connection was kept"
-                    time.sleep(0.005)
-        _commit_when_connected(store, time.monotonic() + 10)
+            _when_connected(store.running_calls, "kept the stuck connection")
+        _when_connected(store.commit)
         if cut_off:
             break
     assert cut_off, "no kill cut a commit off inside its pipeline in 400 rounds"
