@@ -64,7 +64,8 @@ class ApprovalAsker:
         call_id: str,
         frame: dict[str, Any],
     ) -> types.InputRequiredResult | None:
-        """SPEC A3 via MCP elicitation; SPEC A5 (declined) when the client cannot be asked.
+        """SPEC A3 via MCP elicitation; SPEC A5 (declined) when the client cannot be asked
+        (no ``elicitation`` capability): then denied ``disconnected`` by the server.
 
         Args:
             ctx: the ``tools/call`` request of the call.
@@ -79,7 +80,11 @@ class ApprovalAsker:
         """
         capabilities = ctx.session.client_capabilities
         if capabilities is None or capabilities.elicitation is None:
-            self.approvals.confirm(session.id, session.user, frame["approval_id"], m.Decision.DENY)
+            # Nobody can be asked: the server denies it, ``disconnected`` (no channel to
+            # a user, SPEC A4), audited ``by`` the server, never as the user's decision.
+            self.approvals.settle(
+                frame["approval_id"], m.Resolution.DENIED, m.ResolutionReason.DISCONNECTED
+            )
             return None
         form = types.ElicitRequestFormParams(
             message=f"Allow {frame['tool']} with {json.dumps(frame['params'])}?",

@@ -172,14 +172,25 @@ async def test_gated_call_with_elicitation(gateway: Gateway, mode: str) -> None:
 
 
 async def test_gated_call_without_elicitation_is_declined(gateway: Gateway) -> None:
-    """SPEC M4, A5: a client that cannot be asked gets the declined result."""
-    async with asyncio.timeout(WAIT):
-        async with mcp_client(gateway, "bob-token") as client:
-            denied = await client.call_tool("notes_delete", {"note_id": 1})
+    """SPEC M4, A5, A4, I11: a client that cannot be asked gets the declined result; the
+    server denied it (``disconnected``: nobody could be asked), and the audit record
+    says so, never that the user decided."""
+    with audit_records() as records:
+        async with asyncio.timeout(WAIT):
+            async with mcp_client(gateway, "bob-token") as client:
+                denied = await client.call_tool("notes_delete", {"note_id": 1})
     assert denied.is_error is False
     assert denied.structured_content is not None
     assert denied.structured_content["declined"] is True
-    assert denied.structured_content["reason"] == "user"
+    assert denied.structured_content["reason"] == "disconnected"
+    (record,) = records
+    assert (record["tool"], record["outcome"]) == ("notes_delete", "rejected_by_user")
+    approval = record["approval"]
+    assert (approval["resolution"], approval["reason"], approval["by"]) == (
+        "denied",
+        "disconnected",
+        "server",
+    )
 
 
 async def test_async_tool_reports_progress(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
