@@ -49,7 +49,7 @@ from gateway.auth import AuthError
 from gateway.catalog_fit import oversized
 from gateway.config import Settings, load_settings
 from gateway.mcp.probe import probe_mounts
-from gateway.startup import DataDirLock, StartupError, preflight, render
+from gateway.startup import DataDirLock, StartupError, preflight, render, store_problems
 from gateway.store import StoreError
 from gateway.tokenfile import TokenFileError, read_token_file
 from protocol.codec import encode_json
@@ -336,11 +336,11 @@ def _catalog(args: argparse.Namespace) -> Catalog | None:
 
 def cmd_check(args: argparse.Namespace) -> int:
     """Validate everything ``serve`` would load (SPEC C1, C2, O5): the catalog and its
-    handler modules, hook modules, the token and JWT key files, the data folder; and
-    every export (C4). Print every issue.
+    handler modules, hook modules, the token and JWT key files, the data folder, the
+    store (read, never written: SPEC D6, N1); and every export (C4). Print every issue.
 
     Every problem found in one run (SPEC O5) is one ``error:`` line on stderr and the
-    exit code is 1: catalog issues, then hook, token-file and data-folder problems, then
+    exit code is 1: catalog issues, then hook, token-file, data-folder and store problems, then
     export findings no format rule lets toolbus adapt, then MCP mount problems (the
     mounts are probed even when other parts of the catalog have issues). Adapted export
     findings, token-file entries naming a profile the catalog lacks, and each mount's
@@ -349,7 +349,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     settings = _settings(args)
     # SPEC O5: everything `serve` loads besides the catalog (hooks, token file, data
     # folder); a problem there fails the check too, listed with the catalog's issues.
-    problems = preflight(settings, catalog=False)
+    problems = preflight(settings, catalog=False) + store_problems(settings)
     catalog: Catalog | None = None
     try:
         catalog = load_catalog(settings.catalog.tools, settings.catalog.profiles)

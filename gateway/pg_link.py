@@ -26,7 +26,7 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from gateway.pg_schema import migrate
+from gateway.pg_schema import SCHEMA_VERSION, migrate
 from gateway.store import StoreError, StoreUnavailable
 
 logger = logging.getLogger("gateway.pg_link")
@@ -90,6 +90,42 @@ def _search_path(db: _Conn) -> str:
     except psycopg.Error:
         return "?"
     return str(row[0]) if row else "?"
+
+
+def probe(url: str) -> str | None:
+    """``toolbus check``'s look at the database ``store.url`` names (SPEC O5, N1), writing
+    nothing: ``None`` when ``serve`` could open it, else one line saying why not: it does
+    not answer (or refuses the login, or the database does not exist), no schema of its
+    ``search_path`` exists, or the store's schema version is newer than this toolbus's.
+    A database without toolbus's tables is fine (``serve`` creates them)."""
+    where = redact(url)
+    try:
+        db = psycopg.connect(_conninfo(url), autocommit=True)
+    except psycopg.Error as exc:
+        return f"store {where}: cannot connect: {_line(exc)}"
+    try:
+        schema = db.execute("SELECT current_schema()").fetchone()
+        if not (schema and schema[0]):
+            return (
+                f"store {where}: no schema of its search_path ({_search_path(db)}) exists; "
+                f"create it first (CREATE SCHEMA ...) or fix options=-csearch_path in store.url"
+            )
+        row = db.execute("SELECT to_regclass('toolbus_schema') IS NOT NULL").fetchone()
+        if not (row and row[0]):
+            return None
+        version = db.execute("SELECT max(version) FROM toolbus_schema").fetchone()
+        current = int(version[0]) if version and version[0] is not None else 0
+    except psycopg.Error as exc:
+        return f"store {where}: cannot read the schema version: {_line(exc)}"
+    finally:
+        db.close()
+    if current > SCHEMA_VERSION:
+        return (
+            f"store {where}: database schema version {current} is newer than this "
+            f"toolbus's {SCHEMA_VERSION}; run the newer toolbus, or point store.url at "
+            f"another database"
+        )
+    return None
 
 
 class PgLink:

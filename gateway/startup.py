@@ -205,6 +205,27 @@ def catalog_problems(settings: Settings) -> list[str]:
     return oversized(catalog, settings.server.max_message_bytes)
 
 
+def store_problems(settings: Settings) -> list[str]:
+    """The store ``serve`` would open, looked at without writing (``toolbus check``, SPEC
+    O5, D6, N1): a damaged or unreadable SQLite file at ``data_dir/toolbus.db``
+    (:func:`gateway.store.check_file`), or a ``store.url`` database that does not answer,
+    lacks its schema, or holds a newer schema version (:func:`gateway.pg_link.probe`).
+    One line per problem; ``[]`` when ``serve`` could open it."""
+    url = settings.store.url
+    if url is not None:
+        from gateway.pg_link import probe  # psycopg: only when configured
+
+        problem = probe(url)
+        return [] if problem is None else [problem]
+    from gateway.store import StoreError, check_file
+
+    try:
+        check_file(settings.data_dir / "toolbus.db")
+    except StoreError as exc:
+        return [str(exc)]
+    return []
+
+
 def preflight(settings: Settings, *, catalog: bool = True, data_dir: bool = True) -> list[str]:
     """Every problem that would stop ``serve`` with these settings (SPEC O5).
 

@@ -47,7 +47,7 @@ from gateway.store_check import SCHEMA_VERSION as SCHEMA_VERSION
 from gateway.store_check import StoreDamaged as StoreDamaged
 from gateway.store_check import StoreError as StoreError
 from gateway.store_check import StoreUnavailable as StoreUnavailable
-from gateway.store_check import open_checked
+from gateway.store_check import check_only, open_checked
 from gateway.store_checkpoint import Checkpointer, start_checkpoints
 from gateway.store_journal import JOURNAL_BYTES as JOURNAL_BYTES
 from gateway.store_journal import open_replayed
@@ -251,6 +251,16 @@ CREATE TABLE IF NOT EXISTS journal_mark (
     id INTEGER PRIMARY KEY CHECK (id = 1), generation INTEGER NOT NULL
 );
 """
+
+
+def check_file(path: Path) -> None:
+    """The store file at ``path`` checked as :class:`SqliteStore` would open it, read-only
+    (``toolbus check``, SPEC O5, D6; :func:`gateway.store_check.check_only`).
+
+    Raises:
+        StoreDamaged: the file is damaged (its message says how to start fresh).
+        StoreError: it cannot be read."""
+    check_only(str(path), _SCHEMA)
 
 
 def _ledger_keys(db: sqlite3.Connection) -> LedgerKeys:

@@ -89,6 +89,40 @@ def open_checked(path: str, schema: str) -> sqlite3.Connection:
     return db
 
 
+def check_only(path: str, schema: str) -> None:
+    """``toolbus check``'s look at the store file (SPEC O5, D6, case F32), writing
+    nothing: the checks of :func:`open_checked` on a read-only connection (SQLite adds
+    no -wal and -shm files unless a process has the store open). A missing file passes
+    (``serve`` creates it), so does one that only lacks the columns :data:`MIGRATIONS`
+    add at open.
+
+    Raises:
+        StoreDamaged: as :func:`open_checked`.
+        StoreError: the file cannot be read (permissions, locked past 5 s, a folder).
+    """
+    file = Path(path)
+    if not file.exists():
+        return
+    if file.is_file() and file.stat().st_size == 0:
+        raise _damaged(path, "the file is empty (0 bytes): it was truncated")
+    # Without a -wal file no process has the store open (WAL mode keeps one while any
+    # does): read it as immutable, so SQLite creates no -wal and -shm files for a reader.
+    live = Path(f"{path}-wal").exists()
+    query = "mode=ro" if live else "mode=ro&immutable=1"
+    try:
+        db = sqlite3.connect(f"{file.resolve().as_uri()}?{query}", uri=True, timeout=5.0)
+    except sqlite3.Error as exc:
+        raise StoreError(f"{path}: cannot open the store: {exc}") from exc
+    try:
+        _check_file(db, path, schema, migrate=False)
+    except sqlite3.Error as exc:
+        if _is_damage(exc):
+            raise _damaged(path, str(exc)) from exc
+        raise StoreError(f"{path}: cannot open the store: {exc}") from exc
+    finally:
+        db.close()
+
+
 def _is_damage(exc: sqlite3.Error) -> bool:
     """Whether SQLite's error says the file itself is damaged (``SQLITE_CORRUPT``,
     ``SQLITE_NOTADB``, with their extended codes), not locked, busy or unreadable."""
@@ -96,8 +130,9 @@ def _is_damage(exc: sqlite3.Error) -> bool:
     return name.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB"))
 
 
-def _check_file(db: sqlite3.Connection, path: str, schema: str) -> None:
-    """Integrity, schema version and columns of an existing store file."""
+def _check_file(db: sqlite3.Connection, path: str, schema: str, migrate: bool = True) -> None:
+    """Integrity, schema version and columns of an existing store file; ``migrate``:
+    apply the :data:`MIGRATIONS` it lacks (else a column they would add may be missing)."""
     problems = [row[0] for row in db.execute("PRAGMA quick_check(3)")]
     if problems != ["ok"]:
         raise _damaged(path, "integrity check: " + "; ".join(problems))
@@ -112,7 +147,11 @@ def _check_file(db: sqlite3.Connection, path: str, schema: str) -> None:
     missing = [name for name in _CORE_TABLES if name not in tables]
     if missing:
         raise _damaged(path, f"table(s) {', '.join(missing)} missing from the schema")
-    _migrate(db, version)
+    added: set[tuple[str, str]] = set()
+    if migrate:
+        _migrate(db, version)
+    else:
+        added = {(table, column) for since, table, column, _ in MIGRATIONS if version < since}
     reference = sqlite3.connect(":memory:")
     try:
         reference.executescript(schema)
@@ -121,7 +160,7 @@ def _check_file(db: sqlite3.Connection, path: str, schema: str) -> None:
                 continue  # added since this file was written; created below
             want = [row[1] for row in reference.execute(f"PRAGMA table_info({name})")]
             have = [row[1] for row in db.execute(f"PRAGMA table_info({name})")]
-            if have != want:
+            if have != want and have != [c for c in want if (name, c) not in added]:
                 raise _damaged(path, f"table {name} has columns {have}, expected {want}")
     finally:
         reference.close()
