@@ -61,7 +61,8 @@ from gateway.mcp.notify import ListChanged, ListChangedServer
 from gateway.pipeline import Pipeline
 from gateway.session import Session, SessionTable, TokenBucket
 from protocol import messages as m
-from protocol.codec import decode_json
+from protocol.codec import decode_json, params_problem
+from protocol.errors import ErrorCode
 
 logger = logging.getLogger("gateway.mcp.serve")
 
@@ -290,11 +291,20 @@ class McpEndpoint:
                 # nothing is registered for the call (F33).
                 shown = params.name[:40] + ("…" if len(params.name) > 40 else "")
                 return _error(f"unknown_tool: no tool named {shown!r}")
-            invoke = m.Invoke(
-                id=call_id, call_id=call_id, tool=params.name, params=params.arguments or {}
-            )
+            arguments = params.arguments or {}
+            problem = params_problem(arguments)
+            if problem is not None:
+                # SPEC M4, E1, I4: the SDK reads any integer and 1e400 (as infinity); a
+                # WebSocket invoke with them is refused by the codec, this one here,
+                # with the same text. Nothing is registered for the call (F33).
+                return _error(f"{ErrorCode.INVALID_PARAMS}: {problem}")
+            invoke = m.Invoke(id=call_id, call_id=call_id, tool=params.name, params=arguments)
             link.waiters[call_id] = asyncio.Queue()
-            self.pipeline.accept(session, invoke)
+            try:
+                self.pipeline.accept(session, invoke)
+            except BaseException:
+                link.waiters.pop(call_id, None)  # no frame will ever come for it (I12)
+                raise
         queue = link.waiters[call_id]
         parked = False
         try:
