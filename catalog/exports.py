@@ -223,15 +223,36 @@ def to_mcp(tools: Iterable[ToolDef]) -> list[dict[str, Any]]:
     Raises:
         ExportError: a tool breaks a rule toolbus cannot adapt.
     """
-    return [
-        {
-            "name": tool.name,
-            "description": done.description,
-            "inputSchema": done.parameters,
-            "annotations": mcp_annotations(tool),
-        }
-        for tool, done in _adapted(tools, MCP)
-    ]
+    return [_mcp_entry(tool, done) for tool, done in _adapted(tools, MCP)]
+
+
+def to_mcp_carried(tools: Iterable[ToolDef]) -> tuple[list[dict[str, Any]], list[Finding]]:
+    """:func:`to_mcp` of the tools MCP can carry, and why the others were left out (SPEC
+    M4, C4): one tool's export problem never takes the whole list down.
+
+    Returns:
+        ``(entries, findings)``: the entries of :func:`to_mcp` for every tool without an
+        unadapted finding, in order; the unadapted findings of the tools left out.
+    """
+    entries: list[dict[str, Any]] = []
+    left_out: list[Finding] = []
+    for tool in tools:
+        done = adapt(tool, MCP)
+        errors = [finding for finding in done.findings if not finding.adapted]
+        if errors:
+            left_out.extend(errors)
+        else:
+            entries.append(_mcp_entry(tool, done))
+    return entries, left_out
+
+
+def _mcp_entry(tool: ToolDef, done: Adapted) -> dict[str, Any]:
+    return {
+        "name": tool.name,
+        "description": done.description,
+        "inputSchema": done.parameters,
+        "annotations": mcp_annotations(tool),
+    }
 
 
 EXPORTERS: dict[str, Exporter] = {

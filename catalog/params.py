@@ -5,8 +5,11 @@ canonical JSON, so a hot reload reuses unchanged validators) and reports *every*
 violation, each with an RFC 6901 JSON pointer into the arguments.
 
 Dialect: the schema's ``$schema`` when present, else JSON Schema Draft 2020-12 (the MCP
-default). ``format`` is annotation only, never asserted. Remote ``$ref`` are never
-fetched (no I/O here): an unresolvable reference fails at compile time.
+default). Only the drafts jsonschema-rs bundles are accepted (:data:`DIALECTS`: Draft 4,
+6, 7, 2019-09 and 2020-12); any other ``$schema`` is refused by :func:`dialect_problem`,
+never looked up. ``format`` is annotation only, never asserted. Nothing a schema names
+is ever fetched (no I/O here, SPEC M1, E3): an unresolvable reference fails at compile
+time, and :data:`NO_RETRIEVAL` is the registry of every meta-schema check.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final, NoReturn
 
 import jsonschema_rs
 
@@ -44,6 +47,50 @@ class Violation:
     pointer: str
     message: str
     keyword: str | None
+
+
+DIALECTS: Final[Mapping[str, str]] = MappingProxyType(
+    {
+        "http://json-schema.org/draft-04/schema": "Draft 4",
+        "http://json-schema.org/draft-06/schema": "Draft 6",
+        "http://json-schema.org/draft-07/schema": "Draft 7",
+        "https://json-schema.org/draft/2019-09/schema": "Draft 2019-09",
+        "https://json-schema.org/draft/2020-12/schema": "Draft 2020-12",
+    }
+)
+"""The ``$schema`` values accepted (each also with a trailing ``#``): the meta-schemas
+jsonschema-rs bundles. Any other value would make its meta-schema check *fetch* the URL
+(server-side request forgery, and a blocking read on the event loop: SPEC M1, E3)."""
+
+
+def _no_retrieval(uri: str) -> NoReturn:
+    raise ValueError(f"toolbus fetches no schema ({uri})")
+
+
+NO_RETRIEVAL: Final = jsonschema_rs.Registry([], retriever=_no_retrieval)
+"""A registry that retrieves nothing: a meta-schema check given it resolves only the
+bundled drafts, whatever a schema names (SPEC M1, E3)."""
+
+
+def dialect_problem(schema: Mapping[str, Any]) -> str | None:
+    """Why the schema's ``$schema`` is refused, or ``None`` when it is absent or one of
+    :data:`DIALECTS` (SPEC C1, M1, E3). Never fetches anything.
+
+    Returns:
+        e.g. ``"$schema 'http://10.0.0.1/meta' is not a dialect toolbus knows (only
+        the bundled Draft 4, ...; nothing is fetched)"``.
+    """
+    if "$schema" not in schema:
+        return None
+    dialect = schema["$schema"]
+    if isinstance(dialect, str) and dialect.removesuffix("#") in DIALECTS:
+        return None
+    shown = repr(dialect) if len(repr(dialect)) <= 120 else repr(dialect)[:119] + "…"
+    known = ", ".join(DIALECTS.values())
+    return (
+        f"$schema {shown} is not a dialect toolbus knows (only the drafts its validator "
+        f"bundles: {known}, named by their meta-schema URI; nothing is fetched)"
+    )
 
 
 def json_pointer(path: list[str | int] | tuple[str | int, ...]) -> str:
@@ -79,16 +126,19 @@ class ParamValidator:
     """A compiled validator for one tool's ``parameters`` schema (SPEC I4).
 
     Args:
-        schema: a JSON Schema (any dialect jsonschema-rs knows, chosen by ``$schema``,
+        schema: a JSON Schema (one of :data:`DIALECTS`, chosen by ``$schema``,
             default Draft 2020-12).
 
     Raises:
-        SchemaError: the schema cannot be compiled.
+        SchemaError: the schema cannot be compiled, or names another ``$schema``.
     """
 
     __slots__ = ("_validator",)
 
     def __init__(self, schema: Mapping[str, Any]) -> None:
+        problem = dialect_problem(schema)
+        if problem is not None:
+            raise SchemaError(problem)
         try:
             self._validator: Any = jsonschema_rs.validator_for(
                 dict(schema), validate_formats=False, offline=True

@@ -22,7 +22,14 @@ from pydantic import StringConstraints, ValidationError, WrapValidator
 
 from catalog.handlers import HANDLER_PATH, HandlerError, resolve_handler
 from catalog.model import EMPTY_PARAMETERS, Mode, ToolDef, Visibility
-from catalog.params import SchemaError, canonical_json, compiled, json_pointer
+from catalog.params import (
+    NO_RETRIEVAL,
+    SchemaError,
+    canonical_json,
+    compiled,
+    dialect_problem,
+    json_pointer,
+)
 from catalog.shapes import (
     CUSTOM,
     NON_EMPTY,
@@ -100,8 +107,9 @@ def _visibility(value: Any, handler: Callable[[Any], Any]) -> Any:
 def check_schema(value: Any) -> dict[str, Any]:
     """Check that ``value`` is a usable parameters schema (SPEC C1, I4).
 
-    It must be a JSON object, valid against its dialect's meta-schema (``$schema``, else
-    Draft 2020-12), compile (regexes, local ``$ref``), and have ``type: object`` at the
+    It must be a JSON object, valid against its dialect's meta-schema (``$schema``, one
+    of the bundled :data:`catalog.params.DIALECTS`, else Draft 2020-12; nothing is
+    fetched: SPEC M1, E3), compile (regexes, local ``$ref``), and have ``type: object`` at the
     root (the model-facing formats require it).
 
     Returns:
@@ -117,8 +125,12 @@ def check_schema(value: Any) -> dict[str, Any]:
         canonical_json(schema)
     except (TypeError, ValueError) as exc:
         raise _Bad(f"is not plain JSON: {exc}") from None
+    dialect = dialect_problem(schema)
+    if dialect is not None:
+        # SPEC M1, E3: an unknown $schema would be fetched by the meta-schema check.
+        raise _Bad(f"is not a valid JSON Schema: {dialect}")
     try:
-        jsonschema_rs.meta.validate(schema)
+        jsonschema_rs.meta.validate(schema, registry=NO_RETRIEVAL)
     except jsonschema_rs.ValidationError as exc:
         where = json_pointer(list(exc.instance_path)) or "/"
         raise _Bad(f"is not a valid JSON Schema at {where}: {exc.message}") from None

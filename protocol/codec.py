@@ -7,6 +7,10 @@ is a distinct :class:`~protocol.errors.ErrorCode`; :func:`decode_client` and
 :func:`decode_server` *return* a :class:`~protocol.errors.DecodeError` instead of raising,
 so no exception escapes to the caller whatever the bytes.
 
+An ``invoke`` whose params hold a number toolbus cannot carry (an integer wider than 64
+bits, which orjson would read as a float; ``1e400``) is refused ``invalid_params`` with
+its JSON pointer (:func:`params_problem`, SPEC E1, I4).
+
 Only this module calls orjson. Encoding never emits ``NaN`` or ``Infinity`` (orjson
 writes ``null`` for them, which keeps the output valid JSON); a handler's value that
 holds one is refused before it is sent (:func:`non_finite`, SPEC I16), so no number
@@ -15,8 +19,10 @@ turns into ``null`` on the way.
 
 from __future__ import annotations
 
+import json
 import math
 import re
+from collections.abc import Callable
 from typing import Any, Final
 
 import orjson
@@ -27,6 +33,7 @@ from protocol.messages import (
     DURABLE_TYPES,
     ClientMessage,
     DurableEvent,
+    Invoke,
     ServerMessage,
     type_name,
 )
@@ -188,17 +195,85 @@ def json_problem(value: Any, where: str = "result") -> str | None:
     Returns:
         e.g. ``"result.n: integer 1180591620717411303424 is wider than 64 bits"``.
     """
+    found = _first_problem(value, where, _dotted_key, _dotted_index, _not_json_text)
+    return None if found is None else f"{found[0]}: {found[1]}"
+
+
+def params_problem(params: Any) -> str | None:
+    """The first number of an ``invoke``'s parameters toolbus cannot carry, named by its
+    RFC 6901 pointer into the parameters (as I4's violations are), or ``None`` (SPEC E1,
+    I4, M4).
+
+    JSON's grammar bounds no number, but toolbus hashes, stores, audits and echoes
+    parameters as JSON of 64-bit numbers: an integer wider than 64 bits or a number past
+    a double's range (``1e400``, read as infinity) would fail there or change silently.
+    Either way of calling refuses them ``invalid_params`` with this text before the call
+    starts: :func:`decode_client` for a WebSocket ``invoke`` (orjson reads such an
+    integer as a float, such a number not at all), the ``/mcp`` endpoint for a
+    ``tools/call`` (the SDK reads both). One orjson pass when nothing is wrong.
+
+    Returns:
+        e.g. ``"/value: integer 1180591620717411303424 is wider than 64 bits"``.
+    """
+    try:
+        encoded = orjson.dumps(params)
+    except TypeError:  # orjson.JSONEncodeError: an integer past 64 bits, or not JSON
+        pass
+    else:
+        if not non_finite_in(params, encoded):
+            return None
+    found = _first_problem(params, "", _pointer_key, _pointer_index, _out_of_range_text)
+    return None if found is None else f"{found[0] or '/'}: {found[1]}"
+
+
+def _not_json_text(value: float) -> str:
+    return f"{_float_name(value)} is not a JSON number"
+
+
+def _out_of_range_text(value: float) -> str:
+    # Parameters come from JSON text: an infinity was a number too large (1e400).
+    if math.isnan(value):
+        return _not_json_text(value)
+    return f"number {_float_name(value)} is past the range of a 64-bit float"
+
+
+def _dotted_key(path: str, key: str) -> str:
+    return f"{path}.{key}"
+
+
+def _dotted_index(path: str, index: int) -> str:
+    return f"{path}[{index}]"
+
+
+def _pointer_key(path: str, key: str) -> str:
+    return path + "/" + key.replace("~", "~0").replace("/", "~1")  # RFC 6901 section 3
+
+
+def _pointer_index(path: str, index: int) -> str:
+    return f"{path}/{index}"
+
+
+def _first_problem(
+    value: Any,
+    where: str,
+    key_step: Callable[[str, str], str],
+    index_step: Callable[[str, int], str],
+    float_text: Callable[[float], str],
+) -> tuple[str, str] | None:
+    """(path, what) of the first part of ``value`` that is not plain JSON (see
+    :func:`json_problem`); paths are built from ``where`` by the two step functions,
+    ``float_text`` says what is wrong with a NaN or an infinity."""
     stack: list[tuple[str, Any]] = [(where, value)]
     seen: set[int] = set()  # a value that contains itself is walked once, not forever
     while stack:
         path, item = stack.pop()
         if isinstance(item, float) and not math.isfinite(item):
-            return f"{path}: {_float_name(item)} is not a JSON number"
+            return path, float_text(item)
         if item is None or isinstance(item, bool | str | float):
             continue
         if isinstance(item, int):
             if not _INT_MIN <= item <= _INT_MAX:
-                return f"{path}: integer {_int_text(item)} is wider than 64 bits"
+                return path, f"integer {_int_text(item)} is wider than 64 bits"
             continue
         if isinstance(item, dict | list | tuple):
             if id(item) in seen:
@@ -208,13 +283,13 @@ def json_problem(value: Any, where: str = "result") -> str | None:
             for key, child in item.items():
                 if not isinstance(key, str):
                     kind = type(key).__name__
-                    return f"{path}: key {_safe_repr(key)} is not a string (type {kind})"
-                stack.append((f"{path}.{key}", child))
+                    return path, f"key {_safe_repr(key)} is not a string (type {kind})"
+                stack.append((key_step(path, key), child))
             continue
         if isinstance(item, list | tuple):
-            stack.extend((f"{path}[{i}]", child) for i, child in enumerate(item))
+            stack.extend((index_step(path, i), child) for i, child in enumerate(item))
             continue
-        return f"{path}: a value of type {type(item).__qualname__} is not JSON"
+        return path, f"a value of type {type(item).__qualname__} is not JSON"
     return None
 
 
@@ -325,11 +400,12 @@ def _decode(
     if not isinstance(obj, dict):
         return DecodeError(ErrorCode.NOT_AN_OBJECT, "a message must be a JSON object")
     request_id = _readable_id(obj.get("id"))
-    keys = _count_shape(obj, max_depth)
-    if keys is None:
+    shape = _count_shape(obj, max_depth)
+    if shape is None:
         return DecodeError(
             ErrorCode.TOO_DEEP, f"nesting deeper than {max_depth} levels", request_id
         )
+    keys, wide = shape
     if _repeats_a_key(raw, keys):
         return DecodeError(ErrorCode.DUPLICATE_KEY, "an object repeats a key", request_id)
     kind = obj.get("type")
@@ -338,9 +414,19 @@ def _decode(
         # Checked first, as pydantic reports fields in order and seq follows type.
         return DecodeError(ErrorCode.MISSING_FIELD, "seq: Field required", request_id)
     try:
-        return adapter.validate_python(obj)
+        message = adapter.validate_python(obj)
     except ValidationError as exc:
         return _validation_error(exc, request_id)
+    if wide and type(message) is Invoke:
+        # SPEC E1, I4: orjson read an integer past 64 bits as a float; the exact text
+        # says whether one is in the params (a float this large may be just that).
+        try:
+            problem = params_problem(json.loads(raw).get("params"))
+        except ValueError:  # an integer past int_max_str_digits: no float reads it
+            problem = "an integer far wider than 64 bits"
+        if problem is not None:
+            return DecodeError(ErrorCode.INVALID_PARAMS, problem, request_id)
+    return message
 
 
 def _readable_id(value: Any) -> str | None:
@@ -361,12 +447,39 @@ def _json_error(raw: bytes | str, detail: str) -> DecodeError:
     data = raw.encode(errors="replace") if isinstance(raw, str) else raw
     if _NAN_TOKEN.search(_STRING.sub(b'""', data)):
         return DecodeError(ErrorCode.NAN_NOT_ALLOWED, "NaN and Infinity are not JSON")
+    if detail.startswith("number is infinity"):
+        # SPEC E1, I4: a number past a double's range (1e400) is JSON; in an invoke's
+        # params it is refused as the /mcp endpoint refuses it (params_problem).
+        refused = _out_of_range(raw)
+        if refused is not None:
+            return refused
     return DecodeError(ErrorCode.MALFORMED_JSON, f"malformed JSON: {detail}")
 
 
-def _count_shape(root: dict[str, Any], max_depth: int) -> int | None:
-    """Count the object keys of a parsed message, or ``None`` once nesting passes
-    ``max_depth`` (the message itself is level 1).
+def _out_of_range(raw: bytes | str) -> DecodeError | None:
+    """``invalid_params`` for an ``invoke`` whose params hold a number past a double's
+    range (read leniently by ``json``, as infinity), else ``None``."""
+    try:
+        obj = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(obj, dict) or obj.get("type") != "invoke":
+        return None
+    problem = params_problem(obj.get("params"))
+    if problem is None:
+        return None
+    return DecodeError(ErrorCode.INVALID_PARAMS, problem, _readable_id(obj.get("id")))
+
+
+_WIDE_LOW: Final = -9223372036854775808.0
+_WIDE_HIGH: Final = 18446744073709551616.0
+"""orjson reads an integer outside [-2**63, 2**64 - 1] as a float outside this range."""
+
+
+def _count_shape(root: dict[str, Any], max_depth: int) -> tuple[int, bool] | None:
+    """Count the object keys of a parsed message and say whether it holds a float outside
+    [-2**63, 2**64] (maybe an integer too wide for 64 bits, which orjson reads as a
+    float), or ``None`` once nesting passes ``max_depth`` (the message itself is level 1).
 
     Iterative, and it stops at the first container past the limit: orjson accepts about
     a thousand levels, more than Python's recursion limit allows a walk to follow.
@@ -374,6 +487,7 @@ def _count_shape(root: dict[str, Any], max_depth: int) -> int | None:
     apart (cheaper than ``isinstance`` on every value of every message; issue 13).
     """
     keys = 0
+    wide = False
     stack: list[tuple[Any, int]] = [(root, 1)]
     pop, push = stack.pop, stack.append
     while stack:
@@ -388,7 +502,9 @@ def _count_shape(root: dict[str, Any], max_depth: int) -> int | None:
             kind = type(item)
             if kind is dict or kind is list:
                 push((item, depth))
-    return keys
+            elif kind is float and not _WIDE_LOW < item < _WIDE_HIGH:
+                wide = True
+    return keys, wide
 
 
 def _repeats_a_key(raw: bytes | str, keys: int) -> bool:

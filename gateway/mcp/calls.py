@@ -8,14 +8,16 @@ connection) to toolbus terms.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, Final
 
 import mcp_types as types
 from mcp import Client
 from mcp.shared.exceptions import MCPError
+from mcp.shared.message import SessionMessage
 from pydantic import ValidationError
 
 from catalog.mcp_mounts import MountSpec, tool_definition
@@ -76,6 +78,41 @@ def build_tools(
     return tools, problems
 
 
+MALFORMED: Final = "toolbus: malformed response"
+"""``data`` of the JSON-RPC error :func:`unparsed_answer` makes: :func:`call_tool` reads
+it as "the server sent a malformed result" (SPEC M3)."""
+
+
+def unparsed_answer(exc: Exception) -> SessionMessage | None:
+    """A JSON-RPC error answering the request whose response the SDK could not parse
+    (SPEC M3, J6), or ``None`` when no request can be named.
+
+    The transport watch (:mod:`gateway.mcp.server`) asks for each parse failure the
+    SDK's transport reports. The SDK hands a line it cannot parse (a lone surrogate
+    escape, a bad envelope) to the message handler, not to the request it answers: the
+    call would wait for its timeout, a job for ever. The line is read again, leniently
+    (``json`` accepts what pydantic's parser refuses), only for its ``id``; a line that
+    is not a response (no ``id``, or neither ``result`` nor ``error``) stays the SDK's
+    (logged by it; no call can be named).
+    """
+    if not isinstance(exc, ValidationError) or not exc.errors():
+        return None
+    first = exc.errors()[0]
+    raw = first.get("input")
+    try:
+        message = json.loads(raw) if isinstance(raw, str | bytes) else raw
+    except ValueError:
+        return None
+    if not isinstance(message, dict) or not ("result" in message or "error" in message):
+        return None
+    request_id = message.get("id")
+    if isinstance(request_id, bool) or not isinstance(request_id, int | str):
+        return None
+    problem = f"{exc.error_count()} problem(s), first: {first['msg']}"
+    error = types.ErrorData(code=types.INTERNAL_ERROR, message=problem, data=MALFORMED)
+    return SessionMessage(types.JSONRPCError(jsonrpc="2.0", id=request_id, error=error))
+
+
 async def call_tool(
     client: Client,
     peer: PeerRequests,
@@ -125,6 +162,10 @@ async def call_tool(
                 lost()
                 text = f"MCP server {name!r} went away during the call"
                 raise ToolFailure(ErrorCode.UNAVAILABLE, text) from None
+            if exc.data == MALFORMED:
+                # SPEC M3, J6: the response reached no call (gateway.mcp.server._watched).
+                text = f"MCP server {name!r} sent a malformed result: {exc}"
+                raise ToolFailure(ErrorCode.HANDLER_ERROR, text) from None
             raise ToolFailure(ErrorCode.HANDLER_ERROR, f"MCP error {exc.code}: {exc}") from None
         except ValidationError as exc:
             raise ToolFailure(

@@ -46,7 +46,8 @@ from mcp.server.subscriptions import ListenHandler
 from mcp.server.transport_security import TransportSecuritySettings
 from starlette.types import Message, Receive, Scope, Send
 
-from catalog.exports import to_mcp
+from catalog.compat import Finding
+from catalog.exports import to_mcp_carried
 from catalog.model import Mode
 from catalog.visibility import Scope as Visibility
 from catalog.visibility import visible_tools
@@ -60,7 +61,8 @@ from gateway.mcp.notify import ListChanged, ListChangedServer
 from gateway.pipeline import Pipeline
 from gateway.session import Session, SessionTable, TokenBucket
 from protocol import messages as m
-from protocol.codec import decode_json
+from protocol.codec import decode_json, params_problem
+from protocol.errors import ErrorCode
 
 logger = logging.getLogger("gateway.mcp.serve")
 
@@ -162,6 +164,8 @@ class McpEndpoint:
         self.bucket = bucket
         self.clock = clock
         self._links: dict[tuple[str | None, str, str], _Frames] = {}
+        self._left_out: set[str] = set()
+        """Export findings of tools left out of ``tools/list``, logged once each (M4)."""
         self.changes = ListChanged()
         """``tools/list_changed`` to every MCP client on a catalog change (SPEC C3)."""
         self.server: Server[Any] = ListChangedServer(
@@ -262,7 +266,9 @@ class McpEndpoint:
             for tool in visible_tools(self.catalog.current, session.profile, scope)
             if tool.mode is not Mode.CLIENT
         ]
-        return types.ListToolsResult(tools=[types.Tool.model_validate(t) for t in to_mcp(tools)])
+        entries, left_out = to_mcp_carried(tools)
+        _log_left_out(left_out, self._left_out)
+        return types.ListToolsResult(tools=[types.Tool.model_validate(t) for t in entries])
 
     async def _call_tool(
         self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
@@ -285,11 +291,20 @@ class McpEndpoint:
                 # nothing is registered for the call (F33).
                 shown = params.name[:40] + ("…" if len(params.name) > 40 else "")
                 return _error(f"unknown_tool: no tool named {shown!r}")
-            invoke = m.Invoke(
-                id=call_id, call_id=call_id, tool=params.name, params=params.arguments or {}
-            )
+            arguments = params.arguments or {}
+            problem = params_problem(arguments)
+            if problem is not None:
+                # SPEC M4, E1, I4: the SDK reads any integer and 1e400 (as infinity); a
+                # WebSocket invoke with them is refused by the codec, this one here,
+                # with the same text. Nothing is registered for the call (F33).
+                return _error(f"{ErrorCode.INVALID_PARAMS}: {problem}")
+            invoke = m.Invoke(id=call_id, call_id=call_id, tool=params.name, params=arguments)
             link.waiters[call_id] = asyncio.Queue()
-            self.pipeline.accept(session, invoke)
+            try:
+                self.pipeline.accept(session, invoke)
+            except BaseException:
+                link.waiters.pop(call_id, None)  # no frame will ever come for it (I12)
+                raise
         queue = link.waiters[call_id]
         parked = False
         try:
@@ -327,6 +342,17 @@ class McpEndpoint:
                 frame.get("progress") or 0.0, 1.0, frame.get("message")
             )
         return None
+
+
+def _log_left_out(findings: list[Finding], logged: set[str]) -> None:
+    """SPEC M4, C4: a tool MCP cannot carry is left out of ``tools/list``; each finding
+    (tool, rule, message) is logged once, however often hosts list, so the operator
+    learns which tool and why without a line per request."""
+    for finding in findings:
+        text = str(finding)
+        if text not in logged:
+            logged.add(text)
+            logger.warning("tool %s left out of /mcp tools/list: %s", finding.tool, text)
 
 
 def _result(value: dict[str, Any]) -> types.CallToolResult:

@@ -40,7 +40,7 @@ from catalog.mcp_mounts import MountSpec, UnsetVariable, expand_env
 from catalog.model import ToolDef
 from gateway.context import ToolContext
 from gateway.failures import ToolFailure
-from gateway.mcp.calls import Handler, build_tools, call_tool, list_entries
+from gateway.mcp.calls import Handler, build_tools, call_tool, list_entries, unparsed_answer
 from gateway.mcp.errlog import logged_stdio
 from gateway.mcp.peer import Elicit, PeerRequests
 from protocol.errors import ErrorCode
@@ -61,6 +61,8 @@ async def _watched(inner: Any, lost: asyncio.Event) -> AsyncIterator[Any]:
             try:
                 async with send:
                     async for item in read:
+                        if isinstance(item, Exception):
+                            item = unparsed_answer(item) or item
                         await send.send(item)
             except (anyio.ClosedResourceError, anyio.BrokenResourceError):
                 pass

@@ -14,6 +14,7 @@ from catalog.exports import (
     suggest,
     to_anthropic,
     to_mcp,
+    to_mcp_carried,
     to_openai_chat,
     to_openai_realtime,
     tool_info,
@@ -173,3 +174,23 @@ def test_suggest_limit() -> None:
     """SPEC I1: at most `limit` suggestions, best first."""
     names = ["notes_list", "notes_lists", "notes_listx", "notes_listy"]
     assert suggest("notes_list", names, limit=2) == ["notes_list", "notes_lists"]
+
+
+def test_mcp_export_leaves_out_only_the_tool_it_cannot_carry(make_tool) -> None:
+    """SPEC M4, C4: a root oneOf that bounds a property cannot be dropped; that tool is
+    left out with its finding, every other tool is exported as to_mcp exports it."""
+    pick = make_tool(
+        "pick",
+        parameters={
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            "oneOf": [
+                {"properties": {"a": {"minimum": 0}}, "required": ["a"]},
+                {"required": ["b"]},
+            ],
+        },
+    )
+    fine = make_tool("fine")
+    entries, left_out = to_mcp_carried([fine, pick, make_tool("other")])
+    assert entries == to_mcp([fine, make_tool("other")])
+    assert [(f.tool, f.provider, f.adapted) for f in left_out] == [("pick", "mcp", False)]

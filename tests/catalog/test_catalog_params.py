@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
+import jsonschema_rs
 import pytest
 
 from catalog.loader import load_tool_dicts
-from catalog.params import ParamValidator, SchemaError, Violation, json_pointer, validators_for
+from catalog.params import (
+    NO_RETRIEVAL,
+    ParamValidator,
+    SchemaError,
+    Violation,
+    dialect_problem,
+    json_pointer,
+    validators_for,
+)
 
 
 def test_case_f08_unknown_argument_named() -> None:
@@ -199,3 +209,52 @@ def test_validators_for_covers_every_tool_and_caches() -> None:
     assert validators["a"].validate({"q": 1}) == [
         Violation("/q", '1 is not of type "string"', "type")
     ]
+
+
+# -- SPEC M1, E3: a schema's $schema is never fetched ---------------------------------------
+
+
+@pytest.mark.parametrize(
+    "dialect",
+    [
+        "http://json-schema.org/draft-04/schema#",
+        "http://json-schema.org/draft-06/schema",
+        "http://json-schema.org/draft-07/schema#",
+        "https://json-schema.org/draft/2019-09/schema",
+        "https://json-schema.org/draft/2020-12/schema",
+        "https://json-schema.org/draft/2020-12/schema#",
+    ],
+)
+def test_bundled_dialects_accepted(dialect: str) -> None:
+    """SPEC C1, M1: the drafts the validator bundles are accepted, with or without '#'."""
+    assert dialect_problem({"$schema": dialect, "type": "object"}) is None
+    assert ParamValidator({"$schema": dialect, "type": "object"}).validate({}) == []
+
+
+def test_unknown_dialect_refused_without_a_request() -> None:
+    """SPEC M1, E3: any other $schema is refused naming the accepted drafts, and nothing
+    is fetched: the URL is a listening socket that records a connection."""
+    with socket.socket() as trap:
+        trap.bind(("127.0.0.1", 0))
+        trap.listen(1)
+        url = f"http://127.0.0.1:{trap.getsockname()[1]}/meta"
+        schema = {"$schema": url, "type": "object"}
+        problem = dialect_problem(schema)
+        with pytest.raises(SchemaError, match="not a dialect toolbus knows"):
+            ParamValidator(schema)
+        trap.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            trap.accept()
+    assert problem is not None
+    assert url in problem
+    assert "Draft 7" in problem
+    assert "Draft 2020-12" in problem
+    assert dialect_problem({"$schema": 7}) is not None
+
+
+def test_meta_check_fetches_no_embedded_dialect() -> None:
+    """SPEC M1, E3: the meta-schema check resolves nothing outside the bundled drafts
+    (NO_RETRIEVAL), whatever a schema nests."""
+    nested = {"$schema": "http://10.255.255.1/meta", "type": "object"}
+    with pytest.raises(jsonschema_rs.ReferencingError, match=r"10\.255\.255\.1"):
+        jsonschema_rs.meta.validate(nested, registry=NO_RETRIEVAL)

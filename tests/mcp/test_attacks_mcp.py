@@ -190,3 +190,41 @@ async def test_m4_e1_a_long_json_rpc_id_still_calls_the_tool(gateway: Gateway) -
     assert answer["id"] == long_id
     assert answer["result"]["isError"] is False, answer
     assert answer["result"]["structuredContent"]["result"] == 100
+
+
+@pytest.mark.parametrize(
+    ("number", "what"),
+    [
+        ("1180591620717411303424", "integer 1180591620717411303424 is wider than 64 bits"),
+        ("1e400", "number Infinity is past the range of a 64-bit float"),
+    ],
+)
+async def test_m4_e1_a_number_toolbus_cannot_carry_is_refused_alike(
+    gateway: Gateway, number: str, what: str
+) -> None:
+    """SPEC M4, E1, I4: arguments with an integer wider than 64 bits or a number past a
+    double's range get invalid_params naming the JSON pointer, the same text at /mcp
+    (a tool error, before the call starts) and on the WebSocket (an error with the
+    request id)."""
+    url = f"http://127.0.0.1:{gateway.port}/mcp"
+    arguments = '{"value":' + number + ',"from_unit":"m","to_unit":"cm"}'
+    call = (
+        '{"jsonrpc":"2.0","id":5,"method":"tools/call",'
+        '"params":{"name":"convert_units","arguments":' + arguments + "}}"
+    )
+    async with httpx2.AsyncClient(timeout=10) as http:
+        headers = await _open(http, url, "bob-token")
+        headers["content-type"] = "application/json"
+        answer = _body(await http.post(url, content=call, headers=headers))
+    assert answer["result"]["isError"] is True, answer
+    assert answer["result"]["content"][0]["text"] == f"invalid_params: /value: {what}"
+    async with peer(gateway) as p:
+        await p.expect("catalog")
+        frame = '{"type":"invoke","id":"r1","call_id":"c1","tool":"convert_units","params":'
+        await p.ws.send(frame + arguments + "}")
+        error = await p.expect("error")
+    assert (error["code"], error["id"], error["message"]) == (
+        "invalid_params",
+        "r1",
+        f"/value: {what}",
+    )

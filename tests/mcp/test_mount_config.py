@@ -13,6 +13,7 @@ from catalog.errors import CatalogError
 from catalog.loader import load_catalog, load_tool_dicts
 from catalog.mcp_mounts import MountSpec, expand_env, parse_mounts, tool_definition
 from gateway.cli import main
+from gateway.mcp.calls import build_tools
 from tests.mcp.support import FAULT_SERVER
 
 
@@ -94,6 +95,23 @@ def test_annotations_give_defaults_and_overrides_win() -> None:
     catalog = load_tool_dicts([tool_definition(spec, read)], "mcp:s")
     assert catalog.tools["s_ls"].read_only
     assert not catalog.tools["s_ls"].dangerous
+
+
+def test_a_tool_with_an_unknown_dialect_is_left_out_alone() -> None:
+    """SPEC M1, E3: a listed tool whose inputSchema names another $schema is left out
+    with a problem naming it (nothing is fetched); the server's other tools stay."""
+    spec = MountSpec(name="s", source="x", command="c", prefix="s_", capability="cap")
+    remote = {"$schema": "http://169.254.169.254/latest/meta-data/iam", "type": "object"}
+    entries = [
+        {"name": "remote", "inputSchema": remote},
+        {"name": "fine", "inputSchema": {"type": "object"}},
+    ]
+    tools, problems = build_tools(spec, entries, lambda name: lambda params, ctx: name)
+    assert sorted(tools) == ["s_fine"]
+    [problem] = problems
+    assert problem.startswith("remote: parameters: is not a valid JSON Schema: $schema ")
+    assert "169.254.169.254" in problem
+    assert "not a dialect toolbus knows" in problem
 
 
 def test_expand_env_names_a_missing_variable_never_a_value() -> None:

@@ -4,15 +4,19 @@ socket with the Python client: every path of SPEC M1-M3 and the faults of a real
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import mcp_types
 import pytest
 import yaml
 
 import toolbus
+from gateway.mcp.calls import MALFORMED, unparsed_answer
 from protocol import messages as m
 from tests.mcp.support import client, eventually, fault_mount, has_tools, mcp_settings
 from tests.support import WAIT, running
@@ -366,3 +370,67 @@ async def test_promote_after_override_makes_a_job_with_progress(tmp_path: Path) 
     assert outcome.ok
     assert outcome.summary == "5 steps"
     assert [e.message for e in events][-1] == "step 5"
+
+
+# -- SPEC M3, J6: a response line the SDK's parser refuses ---------------------------------
+
+RAW_SERVER = Path(__file__).resolve().parent / "raw_server.py"
+_SURROGATE = '{"jsonrpc":"2.0","id":%s,"result":{"content":[{"type":"text","text":"cut \\ud83d"}]}}'
+
+
+def _refused(line: str) -> Exception:
+    try:
+        mcp_types.jsonrpc_message_adapter.validate_json(line, by_name=False)
+    except ValueError as exc:
+        return exc
+    raise AssertionError(f"the SDK parsed {line!r}")
+
+
+@pytest.mark.parametrize("request_id", ["7", '"r-7"'])
+def test_an_unparsable_response_answers_its_request(request_id: str) -> None:
+    """SPEC M3, J6: a response the SDK cannot parse becomes a JSON-RPC error for its id,
+    marked as toolbus's (MALFORMED), so the call ends instead of waiting."""
+    answer = unparsed_answer(_refused(_SURROGATE % request_id))
+    assert answer is not None
+    error = answer.message
+    assert isinstance(error, mcp_types.JSONRPCError)
+    assert error.id == json.loads(request_id)
+    assert error.error.data == MALFORMED
+    assert error.error.message.startswith("1 problem(s), first: Invalid JSON")
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        '{"jsonrpc":"2.0","method":"notifications/message","params":{"x":"\\ud83d"}}',
+        '{"jsonrpc":"2.0","id":3,"method":"ping","params":{"x":"\\ud83d"}}',
+        '{"jsonrpc":"2.0","id":true,"result":{"x":"\\ud83d"}}',
+        "not json at all",
+    ],
+    ids=["notification", "request", "bool-id", "garbage"],
+)
+def test_an_unparsable_line_of_no_request_stays_the_sdks(line: str) -> None:
+    """SPEC M3: a line that is not a response with a readable id answers no call."""
+    assert unparsed_answer(_refused(line)) is None
+    assert unparsed_answer(RuntimeError("not a parse failure")) is None
+
+
+async def test_a_result_line_the_sdk_cannot_parse_ends_the_call_at_once(tmp_path: Path) -> None:
+    """SPEC M3, J6 (docs/mcp.md): a lone surrogate escape in a server's answer ends the
+    call handler_error naming the server, well before its run timeout."""
+    mount = {
+        "name": "raw",
+        "command": sys.executable,
+        "args": [str(RAW_SERVER)],
+        "capability": "raw",
+        "tools": {"surrogate": {"timeout": 30}},
+    }
+    async with running(mcp_settings(tmp_path, [mount])) as gw, client(gw) as bus:
+        await has_tools(bus, "raw_surrogate", "raw_ok")
+        with pytest.raises(toolbus.CallFailed) as failed:
+            await asyncio.wait_for(bus.invoke("raw_surrogate", {}), WAIT)
+        assert isinstance(await bus.invoke("raw_ok", {}), m.Result)
+    assert failed.value.event.code == "handler_error"
+    assert failed.value.event.message.startswith(
+        "MCP server 'raw' sent a malformed result: 1 problem(s), first: Invalid JSON"
+    )

@@ -23,7 +23,9 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.subscriptions import ToolsListChanged
 
+from catalog.compat import ROOT_COMBINATOR, Finding
 from gateway.demo import handlers
+from gateway.mcp.serve import _log_left_out
 from gateway.server import Gateway
 from tests.gateway.tools_for_tests import audit_records
 from tests.mcp.support import reloading_catalog
@@ -345,3 +347,15 @@ async def test_m4_mcp_call_of_a_long_tool_name_is_unknown_tool_and_keeps_nothing
         leaked = _waiting(gw)
     assert leaked == (0, 0), (leaked, text)
     assert text.startswith("unknown_tool: "), text
+
+
+def test_a_tool_left_out_of_tools_list_is_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+    """SPEC M4, C4: each finding of a tool MCP cannot carry is logged once, naming the
+    tool, however often hosts list."""
+    finding = Finding("h_pick", "mcp", ROOT_COMBINATOR, "cannot be dropped", adapted=False)
+    logged: set[str] = set()
+    with caplog.at_level(logging.WARNING, logger="gateway.mcp.serve"):
+        for _ in range(3):
+            _log_left_out([finding], logged)
+    [record] = caplog.records
+    assert record.getMessage().startswith("tool h_pick left out of /mcp tools/list: h_pick: mcp")

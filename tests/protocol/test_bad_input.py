@@ -283,3 +283,47 @@ def test_nesting_far_past_the_limit_is_too_deep() -> None:
     RecursionError escaping the codec."""
     raw = b'{"type":"ack","seq":1,"x":' + b"[" * 1000 + b"]" * 1000 + b"}"
     assert _code(raw) is ErrorCode.TOO_DEEP
+
+
+# -- SPEC E1, I4: numbers toolbus cannot carry in an invoke's params ------------------------
+
+_INVOKE = '{"type":"invoke","id":"r1","call_id":"c","tool":"t","params":{"a":[1,{"v/w":%s}]}}'
+
+
+@pytest.mark.parametrize(
+    ("number", "what"),
+    [
+        ("1180591620717411303424", "integer 1180591620717411303424 is wider than 64 bits"),
+        ("18446744073709551616", "integer 18446744073709551616 is wider than 64 bits"),
+        ("-9223372036854775809", "integer -9223372036854775809 is wider than 64 bits"),
+        ("1e400", "number Infinity is past the range of a 64-bit float"),
+        ("-1e400", "number -Infinity is past the range of a 64-bit float"),
+    ],
+)
+def test_unrepresentable_param_number_is_invalid_params(number: str, what: str) -> None:
+    """SPEC E1, I4, M4: an integer past 64 bits (orjson would read it as a float) or a
+    number past a double's range -> invalid_params with the JSON pointer and the id,
+    the text the /mcp endpoint gives for the same arguments."""
+    for raw in (_INVOKE % number, (_INVOKE % number).encode()):
+        result = codec.decode_client(raw)
+        assert result == DecodeError(ErrorCode.INVALID_PARAMS, f"/a/1/v~1w: {what}", "r1")
+        assert result.close is None
+    assert (
+        codec.params_problem({"a": [1, {"v/w": float(number) if "e" in number else int(number)}]})
+        == f"/a/1/v~1w: {what}"
+    )
+
+
+@pytest.mark.parametrize(
+    "number", ["18446744073709551615", "-9223372036854775808", "1e300", "1.8446744073709552e19"]
+)
+def test_representable_param_numbers_pass(number: str) -> None:
+    """SPEC E1, I4: 64-bit integers and large floats are kept as they are."""
+    result = codec.decode_client(_INVOKE % number)
+    assert not isinstance(result, DecodeError), result
+    assert codec.params_problem({"a": 1, "b": [2.5, None, "x"]}) is None
+
+
+def test_out_of_range_number_outside_invoke_params_stays_malformed() -> None:
+    """SPEC E1: 1e400 outside an invoke's params is malformed JSON, as before."""
+    assert _code(b'{"type":"ack","seq":1e400}') is ErrorCode.MALFORMED_JSON
