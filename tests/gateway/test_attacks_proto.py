@@ -9,6 +9,8 @@ written against (branch h-proto) and pass once the fault is fixed.
 from __future__ import annotations
 
 import asyncio
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ import pytest
 from tests.support import (
     CONVERT,
     MS,
+    ROOT,
     WAIT,
     Peer,
     barrier,
@@ -25,6 +28,31 @@ from tests.support import (
     running,
     settings_for,
 )
+
+QUICK_BOUND = 1.0
+"""Seconds a quick call may take while another session floods (as in test_fair_share)."""
+
+FLOOD = r"""
+import sys, threading, orjson
+from websockets.sync.client import connect
+ws = connect(sys.argv[1], subprotocols=["toolbus.v1"], max_size=None)
+ws.send(orjson.dumps({"type": "hello", "token": "alice-token", "profile": "demo"}).decode())
+ws.recv()
+def read():
+    try:
+        while True:
+            ws.recv()
+    except Exception:
+        pass
+threading.Thread(target=read, daemon=True).start()
+print("go", flush=True)
+frame = orjson.dumps({"type": "grants.list"}).decode()
+for _ in range(int(sys.argv[2])):
+    ws.send(frame)
+print("sent", flush=True)
+"""
+"""A client in a process of its own that sends N ``grants.list`` frames as fast as its
+socket takes them and reads every reply."""
 
 NOTE = {"title": "payroll", "body": "salaries 2027"}
 """Arguments of a demo ``notes_create`` call (capability ``notes.write``)."""
@@ -151,3 +179,35 @@ async def test_e2_re_sends_of_a_finished_call_are_rate_limited_too(tmp_path: Pat
         answers = [await _answer(p, "c1") for _ in range(50)]
         kinds = [a["type"] if a["type"] != "error" else a["code"] for a in answers]
         assert kinds.count("rate_limited") >= 48, kinds
+
+
+async def test_e3_a_flood_of_cheap_requests_does_not_stall_other_users(tmp_path: Path) -> None:
+    """SPEC E3: one session cannot starve the others of the event loop. Input: alice's
+    client (a process of its own) pipelines 100,000 ``grants.list`` requests (a cheap,
+    unlimited request, about 22 bytes each) and reads every reply; meanwhile bob calls
+    ``convert_units`` every 20 ms for 4 s. Right: bob's calls keep their normal latency
+    (under :data:`QUICK_BOUND`). Seen: the server handles every whole message of one
+    socket read (up to 256 KiB, about 12,000 frames) in one read callback without
+    yielding, so bob's call waits up to about 2 s behind each such read."""
+    async with running(settings_for(tmp_path)) as gw, peer(gw, token="bob-token") as bob:
+        await bob.expect("catalog")
+        flood = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", FLOOD, gw.url, "100000", stdout=asyncio.subprocess.PIPE, cwd=ROOT
+        )
+        try:
+            assert flood.stdout is not None
+            assert (await flood.stdout.readline()).strip() == b"go"
+            took: list[float] = []
+            began = time.perf_counter()
+            while time.perf_counter() - began < 4.0:
+                start = time.perf_counter()
+                call_id = f"q{len(took)}"
+                await bob.invoke(call_id, "convert_units", CONVERT)
+                assert (await _answer(bob, call_id))["type"] == "result"
+                took.append(time.perf_counter() - start)
+                await asyncio.sleep(20 * MS)
+        finally:
+            if flood.returncode is None:
+                flood.kill()
+            await flood.wait()
+        assert max(took) < QUICK_BOUND, f"slowest of {len(took)} quick calls: {max(took):.2f} s"
