@@ -211,3 +211,60 @@ async def test_e3_a_flood_of_cheap_requests_does_not_stall_other_users(tmp_path:
                 flood.kill()
             await flood.wait()
         assert max(took) < QUICK_BOUND, f"slowest of {len(took)} quick calls: {max(took):.2f} s"
+
+
+PINGS = r"""
+import base64, os, socket, sys, time
+from websockets.frames import Frame, Opcode
+host, port, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+s = socket.create_connection((host, port))
+key = base64.b64encode(os.urandom(16)).decode()
+s.sendall((f"GET / HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\n"
+           f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n"
+           "Sec-WebSocket-Protocol: toolbus.v1\r\n\r\n").encode())
+head = b""
+while b"\r\n\r\n" not in head:
+    head += s.recv(1)
+print(head.split(b"\r\n")[0].decode(), flush=True)
+chunk = Frame(Opcode.PING, b"x" * 125).serialize(mask=True, extensions=[]) * 512
+end = time.time() + seconds
+try:
+    while time.time() < end:
+        s.sendall(chunk)
+except OSError:
+    pass
+print("done", flush=True)
+time.sleep(30)
+"""
+"""A client that upgrades, sends no ``hello``, floods ping frames for N seconds and never
+reads a byte (so every pong the server owes stays in the server's buffer)."""
+
+
+async def test_d5_e2_pongs_owed_to_a_peer_that_never_reads_are_bounded(tmp_path: Path) -> None:
+    """SPEC D5, E2, S1: the outbound buffer per socket is bounded (here
+    ``server.max_outbound_bytes`` 1 MiB); past it the socket is closed. Input: an
+    unauthenticated client upgrades, sends no ``hello`` (the hello timeout is 30 s), and
+    floods 125-byte pings for 3 s without ever reading. Right: what the server holds
+    for that socket stays near the bound (or the socket is closed). Seen: websockets
+    answers every ping with a pong written to the transport, whose buffer toolbus never
+    bounds nor watches: it grows at the attacker's send rate (tens of MB here; any
+    number of such sockets, before any credential is checked)."""
+    server = {"port": 0, "heartbeat_interval": 0, "hello_timeout": 30, "max_outbound_bytes": 1 << 20}
+    async with running(settings_for(tmp_path, server=server)) as gw:
+        flood = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", PINGS, "127.0.0.1", str(gw.port), "3",
+            stdout=asyncio.subprocess.PIPE, cwd=ROOT,
+        )  # fmt: skip
+        try:
+            assert flood.stdout is not None
+            assert b"101" in await flood.stdout.readline()
+            peak = 0
+            began = time.perf_counter()
+            while time.perf_counter() - began < 3.5:
+                held = [c.transport.get_write_buffer_size() for c in gw.server.connections]
+                peak = max([peak, *held])
+                await asyncio.sleep(0.05)
+        finally:
+            flood.kill()
+            await flood.wait()
+        assert peak < 4 << 20, f"{peak / 1e6:.1f} MB of pongs held for one socket"
