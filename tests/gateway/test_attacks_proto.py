@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from tests.gateway import ledger_tools as lt
 from tests.support import (
     CONVERT,
     MS,
@@ -23,9 +24,12 @@ from tests.support import (
     WAIT,
     Peer,
     barrier,
+    gateway_script,
     peer,
+    peer_at,
     resume_fields,
     running,
+    script_server,
     settings_for,
 )
 
@@ -268,3 +272,48 @@ async def test_d5_e2_pongs_owed_to_a_peer_that_never_reads_are_bounded(tmp_path:
             flood.kill()
             await flood.wait()
         assert peak < 4 << 20, f"{peak / 1e6:.1f} MB of pongs held for one socket"
+
+
+async def test_i12_i15_an_attached_session_gets_the_terminal_of_a_call_a_crash_cut_off(
+    tmp_path: Path,
+) -> None:
+    """SPEC I12, I15, D3: every ``invoke`` gets exactly one terminal reply; a re-send
+    from another session of the principal attaches to the running call and gets its
+    one terminal reply. Input: alice's session A runs ``held_charge`` as ``r1``; her
+    session B sends the same ``invoke`` (attached, nothing answered yet); the server is
+    SIGKILLed and restarted; A and B resume (``resumed: true``). Right: B gets a terminal
+    reply for ``r1`` (the restart's ``cancelled``), as A does. Seen: the attachment
+    lived in memory only; A gets ``cancelled`` by replay, B's resumed log holds nothing
+    for ``r1`` and nothing ever comes: B's invoke waits forever unless its client
+    re-sends it although its resume succeeded."""
+    settings = lt.ledger_settings(tmp_path)
+    script = gateway_script("tests.gateway.ledger_tools:ledger_settings")
+    async with script_server(script, str(tmp_path)) as first:
+        url = f"ws://127.0.0.1:{first.port}/"
+        async with peer_at(url) as a, peer_at(url) as b:
+            await a.invoke("r1", "held_charge", {"amount": 100})
+            await a.expect("tool_start", call_id="r1")
+            async with asyncio.timeout(WAIT):
+                while lt.runs(settings.data_dir) != ["r1 100"]:
+                    await asyncio.sleep(10 * MS)
+            await b.invoke("r1", "held_charge", {"amount": 100})
+            await barrier(b)  # attached: no reply
+            await barrier(a)
+            await first.crash()
+    lt.reset()
+    async with running(settings) as gw:
+        for p, name in ((a, "A"), (b, "B")):
+            last = max((msg["seq"] for msg in p.seen if "seq" in msg), default=0)
+            async with peer(gw, hello=False) as again:
+                await again.hello(**resume_fields(p, last))
+                assert again.welcome["resumed"] is True
+                try:
+                    async with asyncio.timeout(3.0):
+                        reply = await _answer(again, "r1")
+                except TimeoutError:
+                    reply = {"type": "nothing within 3 s"}
+                assert (reply["type"], reply.get("code")) == ("call.error", "cancelled"), (
+                    name,
+                    reply,
+                )
+    assert lt.runs(settings.data_dir) == ["r1 100"]
