@@ -317,3 +317,39 @@ async def test_i12_i15_an_attached_session_gets_the_terminal_of_a_call_a_crash_c
                     reply,
                 )
     assert lt.runs(settings.data_dir) == ["r1 100"]
+
+
+async def test_i12_i15_an_attached_session_gets_the_result_of_a_call_approved_after_a_deploy(
+    tmp_path: Path,
+) -> None:
+    """SPEC I12, I15, A4, S4: as above without a crash. Input: alice's session A invokes
+    the gated ``gated_peek`` as ``g1`` (approval pending); her session B sends the same
+    ``invoke`` (attached); the server drains (a deploy: the pending approval is handed to
+    the next start) and starts again; A and B resume; A allows ``g1``; the call runs.
+    Right: B gets ``g1``'s ``result`` too, as it would have without the deploy. Seen:
+    the attachment did not survive the drain; only A gets the result."""
+    settings = lt.ledger_settings(tmp_path)
+    async with running(settings) as gw, peer(gw) as a, peer(gw) as b:
+        await a.invoke("g1", "gated_peek", {})
+        start = await a.expect("tool_start", call_id="g1")
+        await b.invoke("g1", "gated_peek", {})
+        await barrier(b)
+    async with running(settings) as gw:
+        lt.GATE.outbox = gw.outbox  # gated_peek reads it
+        last_a = max(msg["seq"] for msg in a.seen if "seq" in msg)
+        last_b = max(msg["seq"] for msg in b.seen if "seq" in msg)
+        async with peer(gw, hello=False) as a2, peer(gw, hello=False) as b2:
+            await a2.hello(**resume_fields(a, last_a))
+            await b2.hello(**resume_fields(b, last_b))
+            assert (a2.welcome["resumed"], b2.welcome["resumed"]) == (True, True)
+            confirm = {"type": "tool.confirm", "approval_id": start["approval_id"]}
+            await a2.send({**confirm, "decision": "allow", "id": "ok"})
+            assert (await a2.expect("confirm.result", id="ok"))["accepted"] is True
+            mine = await _answer(a2, "g1")
+            assert mine["type"] == "result", mine
+            try:
+                async with asyncio.timeout(3.0):
+                    reply = await _answer(b2, "g1")
+            except TimeoutError:
+                reply = {"type": "nothing within 3 s"}
+            assert reply["type"] == "result", reply
