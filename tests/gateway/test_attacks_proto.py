@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from tests.gateway import ledger_tools as lt
+from tests.gateway.store_faults import LOCKER
 from tests.support import (
     CONVERT,
     MS,
@@ -353,3 +354,76 @@ async def test_i12_i15_an_attached_session_gets_the_result_of_a_call_approved_af
             except TimeoutError:
                 reply = {"type": "nothing within 3 s"}
             assert reply["type"] == "result", reply
+
+
+async def test_a3_d6_a_revoked_grant_stays_revoked_after_a_crash_in_a_store_outage(
+    tmp_path: Path,
+) -> None:
+    """SPEC A3, D6, A1: "always allow" grants can be revoked over the socket; a commit
+    that fails loses nothing an earlier commit made durable, and what the client was
+    told must hold. Input: alice allows ``notes_delete`` always (grant durable); another
+    process then holds ``BEGIN IMMEDIATE`` on the SQLite file (commits fail: ``invoke``
+    is refused ``unavailable``); alice sends ``grants.revoke notes_delete`` and gets
+    ``grants: []``; the server is SIGKILLed; the lock goes; the server starts again and
+    alice resumes. Right: the grant stays revoked (the revoke is refused ``unavailable``
+    while it cannot be stored, or it is kept): ``grants.list`` is ``[]`` and the next
+    ``notes_delete`` waits for approval. Seen: the ``grants`` reply confirmed a revoke
+    that was only in memory; after the restart the grant is back and ``notes_delete``
+    runs with no approval."""
+    script = gateway_script("tests.support:settings_for")
+    db = tmp_path / "data" / "toolbus.db"
+    async with script_server(script, str(tmp_path)) as srv:
+        async with peer_at(f"ws://127.0.0.1:{srv.port}/") as a:
+            await a.invoke("d1", "notes_delete", {"note_id": 1})
+            start = await a.expect("tool_start", call_id="d1")
+            await a.send(
+                {"type": "tool.confirm", "approval_id": start["approval_id"],
+                 "decision": "allow_always"}
+            )  # fmt: skip
+            await _answer(a, "d1")
+            await a.send({"type": "grants.list", "id": "g0"})
+            assert (await a.expect("grants", id="g0"))["tools"] == ["notes_delete"]
+            await asyncio.sleep(0.5)  # well past the commit it owes
+            locker = await asyncio.create_subprocess_exec(
+                sys.executable, "-c", LOCKER, str(db),
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            )  # fmt: skip
+            try:
+                assert locker.stdout is not None
+                assert await locker.stdout.readline() == b"locked\n"
+                await a.send({"type": "context.update", "id": "probe", "context": {}})
+                await a.expect("context", id="probe")
+                for n in range(100):  # until the store is declared unavailable
+                    await a.invoke(f"p{n}", "convert_units", CONVERT)
+                    try:  # a held outcome does not come; a refusal does
+                        async with asyncio.timeout(0.2):
+                            answer = await _answer(a, f"p{n}")
+                    except TimeoutError:
+                        continue
+                    if answer.get("code") == "unavailable":
+                        break
+                else:
+                    pytest.fail("invoke never refused unavailable")
+                await a.send({"type": "grants.revoke", "id": "rv", "tool": "notes_delete"})
+                revoked = await a.expect("grants", id="rv")
+                assert revoked["tools"] == []  # the user is told it is revoked
+                await srv.crash()
+            finally:
+                if locker.returncode is None:
+                    locker.kill()
+                await locker.communicate()
+    last = max(msg["seq"] for msg in a.seen if "seq" in msg)
+    async with running(settings_for(tmp_path)) as gw, peer(gw, hello=False) as again:
+        await again.hello(**resume_fields(a, last))
+        assert again.welcome["resumed"] is True
+        await again.send({"type": "grants.list", "id": "g1"})
+        grants = await again.expect("grants", id="g1")
+        await again.invoke("d2", "notes_delete", {"note_id": 2})
+        first = await again.recv()
+        while first.get("call_id") != "d2":
+            first = await again.recv()
+        assert (grants["tools"], first["type"], bool(first.get("approval_id"))) == (
+            [],
+            "tool_start",
+            True,
+        ), (grants, first)
