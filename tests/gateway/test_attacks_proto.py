@@ -27,6 +27,7 @@ from tests.support import (
     WAIT,
     Peer,
     barrier,
+    closed,
     gateway_script,
     peer,
     peer_at,
@@ -490,3 +491,44 @@ async def test_j3_j6_d6_a_job_cancelled_in_a_store_outage_is_answered_and_never_
     told_pending = reply["type"] == "error" and reply.get("code") == "unavailable"
     answered = reply["type"] in ("job", "error")
     assert (answered, told_pending or "j2" not in ran) == (True, True), (reply, ran)
+
+
+async def test_a4_d6_a_session_ended_by_bye_in_a_store_outage_stays_ended(
+    tmp_path: Path,
+) -> None:
+    """SPEC A4, D2, D6: ``bye`` ends the session for good (close 4001, no resume).
+    Input: another process locks the SQLite file (commits fail); alice sends ``bye`` and
+    is closed 4001; the server is SIGKILLed, the lock goes, it starts again; the session
+    is resumed with its id and resume token. Right: ``resumed: false`` (the ended
+    session stays ended; or ``bye`` is refused while it cannot be stored). Seen: the
+    deletion was only staged; the restart brings the session back and the resume
+    succeeds."""
+    script = gateway_script("tests.support:settings_for")
+    db = tmp_path / "data" / "toolbus.db"
+    async with script_server(script, str(tmp_path)) as srv:
+        url = f"ws://127.0.0.1:{srv.port}/"
+        async with peer_at(url) as a:
+            await barrier(a)
+            await asyncio.sleep(0.5)
+            locker = await asyncio.create_subprocess_exec(
+                sys.executable, "-c", LOCKER, str(db),
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            )  # fmt: skip
+            try:
+                assert locker.stdout is not None
+                assert await locker.stdout.readline() == b"locked\n"
+                await a.send({"type": "context.update", "id": "probe", "context": {}})
+                await a.expect("context", id="probe")
+                await _until_unavailable(url)
+                await a.send({"type": "bye"})
+                code = (await closed(a)).rcvd
+                assert code is not None and code.code == 4001
+                await asyncio.sleep(0.3)
+                await srv.crash()
+            finally:
+                if locker.returncode is None:
+                    locker.kill()
+                await locker.communicate()
+    async with running(settings_for(tmp_path)) as gw, peer(gw, hello=False) as again:
+        await again.hello(**resume_fields(a, 1))
+        assert again.welcome["resumed"] is False, again.welcome
