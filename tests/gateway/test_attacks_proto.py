@@ -532,3 +532,45 @@ async def test_a4_d6_a_session_ended_by_bye_in_a_store_outage_stays_ended(
     async with running(settings_for(tmp_path)) as gw, peer(gw, hello=False) as again:
         await again.hello(**resume_fields(a, 1))
         assert again.welcome["resumed"] is False, again.welcome
+
+
+async def test_s2_e1_repeated_credential_or_origin_headers_are_refused_typed(
+    tmp_path: Path,
+) -> None:
+    """SPEC S2, E1: bad input gets a typed answer, never an internal error. Input: (a) an
+    upgrade with two ``Authorization: Bearer`` headers (alice's and bob's tokens) and a
+    ``hello`` without ``token``; (b) an upgrade with two ``Origin`` headers (one allowed,
+    one not). Right: (a) ``error auth_failed`` and close 4003, as for any credential it
+    cannot accept; (b) the upgrade refused 403 (or 400) with its reason. Seen: (a) the
+    header read raises ``MultipleValuesError`` inside ``hello``: close 1011 and a logged
+    traceback; (b) the same exception in the upgrade check: HTTP 500 and a traceback,
+    for any unauthenticated client."""
+    from websockets.datastructures import Headers
+    from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+    async with running(settings_for(tmp_path)) as gw:
+        two = Headers()
+        two["Authorization"] = "Bearer alice-token"
+        two["Authorization"] = "Bearer bob-token"
+        async with connect(gw.url, subprotocols=["toolbus.v1"], additional_headers=two) as ws:  # type: ignore[list-item]
+            p = Peer(ws)
+            await p.send({"type": "hello", "profile": "demo"})
+            try:
+                first = await p.recv()
+            except ConnectionClosed:
+                first = {"type": "closed"}
+            code = (await closed(p)).rcvd if first["type"] != "closed" else ws.close_code
+            sent = code.code if code is not None and hasattr(code, "code") else code
+        origins = Headers()
+        origins["Origin"] = f"http://127.0.0.1:{gw.port}"
+        origins["Origin"] = "https://evil.example"
+        try:
+            async with connect(gw.url, subprotocols=["toolbus.v1"], additional_headers=origins):  # type: ignore[list-item]
+                status = 101
+        except InvalidStatus as exc:
+            status = exc.response.status_code
+        assert (first.get("code"), sent, status in (400, 403)) == ("auth_failed", 4003, True), (
+            first,
+            sent,
+            status,
+        )
