@@ -91,45 +91,43 @@ async def test_d4_a_replaced_socket_cannot_end_the_session_it_lost(tmp_path: Pat
     longer holds the session changes nothing; the new socket's calls still get their
     terminal reply. Seen: the stale ``bye`` ends the resumed session; the new socket
     stays open on an ended session and its ``invoke`` never gets a terminal reply."""
-    async with running(settings_for(tmp_path)) as gw:
-        async with peer(gw) as old:
-            await old.invoke("c1", "convert_units", CONVERT)
-            await old.terminal("c1")
-            old.ws.transport.pause_reading()  # it does not see the 4000 close
-            async with peer(gw, hello=False) as new:
-                await new.hello(**resume_fields(old, 0))
-                assert new.welcome["resumed"] is True
-                await old.send({"type": "bye", "id": "stale"})
-                await asyncio.sleep(300 * MS)  # the stale frame reaches the server
-                await new.invoke("c2", "convert_units", CONVERT)
-                try:
-                    async with asyncio.timeout(2.0):
-                        reply = await _answer(new, "c2")
-                except TimeoutError:
-                    reply = {"type": "nothing within 2 s"}
-                ended = gw.sessions.get(new.welcome["session_id"]) is None
-                assert (reply["type"], ended) == ("result", False), (reply, ended)
-            old.ws.transport.resume_reading()
+    async with running(settings_for(tmp_path)) as gw, peer(gw) as old:
+        await old.invoke("c1", "convert_units", CONVERT)
+        await old.terminal("c1")
+        old.ws.transport.pause_reading()  # it does not see the 4000 close
+        async with peer(gw, hello=False) as new:
+            await new.hello(**resume_fields(old, 0))
+            assert new.welcome["resumed"] is True
+            await old.send({"type": "bye", "id": "stale"})
+            await asyncio.sleep(300 * MS)  # the stale frame reaches the server
+            await new.invoke("c2", "convert_units", CONVERT)
+            try:
+                async with asyncio.timeout(2.0):
+                    reply = await _answer(new, "c2")
+            except TimeoutError:
+                reply = {"type": "nothing within 2 s"}
+            ended = gw.sessions.get(new.welcome["session_id"]) is None
+            assert (reply["type"], ended) == ("result", False), (reply, ended)
+        old.ws.transport.resume_reading()
 
 
 async def test_d4_a_replaced_socket_cannot_change_the_context(tmp_path: Path) -> None:
     """SPEC D4, S5: as above, the replaced socket sends ``context.update`` after the
     takeover. Right: the session's context is the new socket's alone (unchanged).
     Seen: the stale socket's update is applied to the session the new socket holds."""
-    async with running(settings_for(tmp_path)) as gw:
-        async with peer(gw) as old:
-            await barrier(old)
-            old.ws.transport.pause_reading()
-            async with peer(gw, hello=False) as new:
-                await new.hello(**resume_fields(old, 0))
-                assert new.welcome["resumed"] is True
-                update = {"type": "context.update", "id": "stale", "context": {"project_id": "p9"}}
-                await old.send(update)
-                await asyncio.sleep(300 * MS)
-                await new.send({"type": "context.update", "id": "mine", "context": {}})
-                reply = await new.expect("context", id="mine")
-                assert reply["context"] == {}, reply
-            old.ws.transport.resume_reading()
+    async with running(settings_for(tmp_path)) as gw, peer(gw) as old:
+        await barrier(old)
+        old.ws.transport.pause_reading()
+        async with peer(gw, hello=False) as new:
+            await new.hello(**resume_fields(old, 0))
+            assert new.welcome["resumed"] is True
+            update = {"type": "context.update", "id": "stale", "context": {"project_id": "p9"}}
+            await old.send(update)
+            await asyncio.sleep(300 * MS)
+            await new.send({"type": "context.update", "id": "mine", "context": {}})
+            reply = await new.expect("context", id="mine")
+            assert reply["context"] == {}, reply
+        old.ws.transport.resume_reading()
 
 
 @pytest.mark.parametrize("when", ["finished", "running"])
@@ -257,7 +255,12 @@ async def test_d5_e2_pongs_owed_to_a_peer_that_never_reads_are_bounded(tmp_path:
     answers every ping with a pong written to the transport, whose buffer toolbus never
     bounds nor watches: it grows at the attacker's send rate (tens of MB here; any
     number of such sockets, before any credential is checked)."""
-    server = {"port": 0, "heartbeat_interval": 0, "hello_timeout": 30, "max_outbound_bytes": 1 << 20}
+    server = {
+        "port": 0,
+        "heartbeat_interval": 0,
+        "hello_timeout": 30,
+        "max_outbound_bytes": 1 << 20,
+    }
     async with running(settings_for(tmp_path, server=server)) as gw:
         flood = await asyncio.create_subprocess_exec(
             sys.executable, "-c", PINGS, "127.0.0.1", str(gw.port), "3",
