@@ -52,8 +52,11 @@ from websockets.http11 import Request, Response
 from websockets.protocol import Event, State
 from websockets.typing import Subprotocol
 
+from protocol.errors import ToolbusError
+
 __all__ = [
     "ConnectionClosed",
+    "RepeatedHeader",
     "Request",
     "Response",
     "Server",
@@ -63,6 +66,7 @@ __all__ = [
     "plain_response",
     "response",
     "serve",
+    "single_header",
     "without_body",
 ]
 
@@ -92,7 +96,11 @@ class Socket(Protocol):
         ...
 
     def header(self, name: str) -> str | None:
-        """A header of the upgrade request, ``None`` when absent."""
+        """A single-valued header of the upgrade request, ``None`` when absent.
+
+        Raises:
+            RepeatedHeader: the request carries it more than once.
+        """
         ...
 
     def write_now(self, frames: Sequence[bytes]) -> bool:
@@ -199,7 +207,7 @@ class WsConnection(ServerConnection):
 
     def header(self, name: str) -> str | None:
         request = self.request
-        return request.headers.get(name) if request is not None else None
+        return single_header(request, name) if request is not None else None
 
     def write_now(self, frames: Sequence[bytes]) -> bool:
         """Write ``frames`` (encoded text frames) now, in one write, without flow control.
@@ -373,6 +381,36 @@ def plain_response(connection: WsConnection, status: http.HTTPStatus, text: str)
 def without_body(answer: Response) -> Response:
     """The same status and headers without the body (a HEAD, RFC 9110 section 9.3.2)."""
     return Response(answer.status_code, answer.reason_phrase, answer.headers, b"")
+
+
+class RepeatedHeader(ToolbusError):
+    """The peer sent a single-valued header more than once (SPEC S2, E1).
+
+    RFC 9110 section 5.3 allows repeated field lines only for a list-valued field;
+    ``Origin`` (RFC 6454 section 7.3) and ``Authorization`` (RFC 9110 section 11.6.2) carry
+    one value. Two of them are ambiguous (which one did a proxy check?), so the request is
+    refused, never read as either: HTTP 400 at the upgrade, ``auth_failed`` and close
+    4003 for a credential.
+
+    Attributes:
+        name: the header's name, as the server asked for it.
+    """
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"repeated {name} header")
+        self.name = name
+
+
+def single_header(request: Request, name: str) -> str | None:
+    """The one value of a single-valued request header, ``None`` when absent (SPEC S2).
+
+    Raises:
+        RepeatedHeader: the request carries ``name`` more than once.
+    """
+    values = request.headers.get_all(name)
+    if len(values) > 1:
+        raise RepeatedHeader(name)
+    return values[0] if values else None
 
 
 def header_values(request: Request, name: str) -> list[str]:
