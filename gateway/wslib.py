@@ -120,17 +120,80 @@ class Socket(Protocol):
         ...
 
 
+class ReadGate:
+    """Why a transport is not read now: reading resumes once no reason holds.
+
+    ``pause_reading`` and ``resume_reading`` are one flag, so two users of it (websockets'
+    assembler and this module) would undo each other; each names its reason here instead.
+
+    Args:
+        transport: the connection's transport.
+    """
+
+    QUEUE = 1
+    """websockets' assembler holds ``max_queue`` frames for ``recv``."""
+    WRITE = 2
+    """The write buffer is above its high-water mark (SPEC D5, E2)."""
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+        self._holds = 0
+
+    def hold(self, why: int) -> None:
+        """Stop reading for ``why`` (one of the class constants) until :meth:`release`."""
+        if not self._holds:
+            self._transport.pause_reading()
+        self._holds |= why
+
+    def release(self, why: int) -> None:
+        """``why`` no longer holds; read again if nothing else does."""
+        if self._holds & why:
+            self._holds &= ~why
+            if not self._holds:
+                self._transport.resume_reading()
+
+
 class WsConnection(ServerConnection):
-    """websockets' server connection, writing the frames of one flush at once.
+    """websockets' server connection, writing the frames of one flush at once, with
+    bounded writes per peer.
 
     websockets writes each outgoing frame with its own ``transport.write``; when a link
     sends several frames together (``tool_start`` and ``result`` of a quick call, a
     replay page), that would be one ``send`` syscall and one wake-up of the peer per
     frame. :meth:`send_data` joins them into one write. Behaviour is otherwise
     websockets' own, including the half-close on an empty chunk (RFC 6455 section 7.1.1).
+
+    A bound websockets leaves to its user (SPEC D5, E2):
+
+    - Writes: websockets answers each ping with a pong (RFC 6455 section 5.5.2) and each
+      close with a close as it reads them, outside any flow control; a peer that sends
+      pings and never reads would grow the write buffer without end, before ``hello``.
+      While the buffer is above its high-water mark (``write_limit``) the socket is not
+      read (:meth:`pause_writing`), so what a peer can make the server owe is one read
+      past that mark. A peer that never reads then meets the hello timeout, heartbeat
+      or slow-consumer close (1013), whose close is aborted after ``close_timeout``.
     """
 
     on_text: Callable[[str], None] | None = None
+    _gate: ReadGate
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        """websockets' own, with its assembler's pause of reading routed through
+        :class:`ReadGate` (overrides websockets)."""
+        super().connection_made(transport)
+        self._gate = gate = ReadGate(cast(asyncio.Transport, transport))
+        self.recv_messages.pause = lambda: gate.hold(ReadGate.QUEUE)
+        self.recv_messages.resume = lambda: gate.release(ReadGate.QUEUE)
+
+    def pause_writing(self) -> None:
+        """The write buffer passed its high-water mark: stop reading (SPEC D5, E2)."""
+        super().pause_writing()
+        self._gate.hold(ReadGate.WRITE)
+
+    def resume_writing(self) -> None:
+        """The write buffer fell to its low-water mark: read again (SPEC D5, E2)."""
+        super().resume_writing()
+        self._gate.release(ReadGate.WRITE)
 
     def process_event(self, event: Event) -> None:
         """Hand a whole text message to :attr:`on_text` at once (overrides websockets).

@@ -81,6 +81,14 @@ SIGNATURES: dict[str, tuple[Callable[..., Any], list[str]]] = {
         ServerConnection.connection_made,
         ["self", "transport"],
     ),
+    "websockets.asyncio.connection.Connection.pause_writing": (
+        Connection.pause_writing,
+        ["self"],
+    ),
+    "websockets.asyncio.connection.Connection.resume_writing": (
+        Connection.resume_writing,
+        ["self"],
+    ),
 }
 """Every websockets method wslib overrides, calls below the public API, or hands
 ``serve``'s arguments to, with the parameter names it relies on."""
@@ -165,6 +173,29 @@ async def test_frames_reach_process_event_and_the_assembler_queue() -> None:
     assert len(assembler.frames) == 0, "websockets internal changed: Assembler.frames has no len"
     assert {Opcode.TEXT, Opcode.BINARY, Opcode.CONT} <= set(Opcode)
     assert [f.name for f in dataclasses.fields(Frame)][:3] == ["opcode", "data", "fin"]
+
+
+async def test_assembler_pauses_reading_through_its_pause_attributes() -> None:
+    """websockets' assembler pauses and resumes the transport's reading through its
+    ``pause`` and ``resume`` attributes, set from ``connection_made``; WsConnection routes
+    them through its ReadGate so the fair-share and write-bound pauses (SPEC D5, E3) do
+    not undo its own, nor it theirs."""
+    made = inspect.getsource(Connection.connection_made)
+    assert "pause=transport.pause_reading" in made, (
+        "websockets internal changed: connection_made no longer gives the assembler pause"
+    )
+    assert "resume=transport.resume_reading" in made, (
+        "websockets internal changed: connection_made no longer gives the assembler resume"
+    )
+    from websockets.asyncio.messages import Assembler
+
+    calls: list[str] = []
+    assembler = Assembler(1, 0, pause=lambda: None, resume=lambda: None)
+    assembler.pause = lambda: calls.append("pause")
+    assembler.resume = lambda: calls.append("resume")
+    for _ in range(2):
+        assembler.put(Frame(Opcode.TEXT, b"x"))
+    assert calls == ["pause"], "websockets internal changed: Assembler reads self.pause"
 
 
 def test_state_names() -> None:
