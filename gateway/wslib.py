@@ -20,7 +20,12 @@ What is used, and how public it is:
   manager. For messages read without a task wake-up (:attr:`WsConnection.on_text`): the
   ``process_event`` override point, which gets every :class:`~websockets.frames.Frame`
   after the handshake, and the length of ``recv_messages.frames``, the frames the
-  assembler holds for ``recv``. websockets documents these in its source, not as API.
+  assembler holds for ``recv``. For bounded reads and writes (:class:`ReadGate`, SPEC
+  D5, E2, E3): the asyncio protocol callbacks ``connection_made``, ``data_received``,
+  ``connection_lost``, ``pause_writing`` and ``resume_writing`` (each overridden and
+  chained), the assembler's ``pause`` and ``resume`` attributes, ``loop``, and the
+  sans-I/O ``receive_eof`` (idempotent). websockets documents these in its source, not
+  as API.
 - A calling convention: ``serve`` builds each connection as
   ``create_connection(protocol, server, **options)``, hands the result to the event loop
   as the asyncio protocol, and the connection's ``connection_made`` starts the handler.
@@ -40,6 +45,7 @@ import asyncio
 import contextlib
 import http
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, Protocol, cast
 
@@ -120,6 +126,12 @@ class Socket(Protocol):
         ...
 
 
+MESSAGES_PER_TURN = 64
+"""Frames of one socket read handled in one turn of the event loop (SPEC E3); the rest
+wait, in order, for the next turns. One read holds up to 256 KiB: about 12,000 small
+requests, seconds of work that would stall every other socket."""
+
+
 class ReadGate:
     """Why a transport is not read now: reading resumes once no reason holds.
 
@@ -134,6 +146,8 @@ class ReadGate:
     """websockets' assembler holds ``max_queue`` frames for ``recv``."""
     WRITE = 2
     """The write buffer is above its high-water mark (SPEC D5, E2)."""
+    TURN = 4
+    """Frames already read wait for a later turn of the loop (SPEC E3)."""
 
     def __init__(self, transport: asyncio.Transport) -> None:
         self._transport = transport
@@ -155,7 +169,7 @@ class ReadGate:
 
 class WsConnection(ServerConnection):
     """websockets' server connection, writing the frames of one flush at once, with
-    bounded writes per peer.
+    bounded work per read and bounded writes per peer.
 
     websockets writes each outgoing frame with its own ``transport.write``; when a link
     sends several frames together (``tool_start`` and ``result`` of a quick call, a
@@ -163,7 +177,7 @@ class WsConnection(ServerConnection):
     frame. :meth:`send_data` joins them into one write. Behaviour is otherwise
     websockets' own, including the half-close on an empty chunk (RFC 6455 section 7.1.1).
 
-    A bound websockets leaves to its user (SPEC D5, E2):
+    Two bounds websockets leaves to its user (SPEC D5, E2, E3):
 
     - Writes: websockets answers each ping with a pong (RFC 6455 section 5.5.2) and each
       close with a close as it reads them, outside any flow control; a peer that sends
@@ -172,9 +186,19 @@ class WsConnection(ServerConnection):
       read (:meth:`pause_writing`), so what a peer can make the server owe is one read
       past that mark. A peer that never reads then meets the hello timeout, heartbeat
       or slow-consumer close (1013), whose close is aborted after ``close_timeout``.
+    - Work: of the frames of one read, :data:`MESSAGES_PER_TURN` are handled at once;
+      the rest wait, in arrival order, for the next turns of the loop
+      (:meth:`process_event`), and the socket is not read until they are handled, so
+      every other socket gets its turn in between. A read of a few frames (the common
+      case) costs no extra turn.
     """
 
     on_text: Callable[[str], None] | None = None
+    _budget = MESSAGES_PER_TURN
+    _waiting: deque[Event] | None = None
+    """Frames read and not yet handled, oldest first; ``None``: none wait."""
+    _lost: tuple[Exception | None] | None = None
+    """The argument of a ``connection_lost`` that came while frames waited."""
     _gate: ReadGate
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -195,14 +219,58 @@ class WsConnection(ServerConnection):
         super().resume_writing()
         self._gate.release(ReadGate.WRITE)
 
+    def data_received(self, data: bytes) -> None:
+        """websockets' own, with a fresh budget of frames for this read (SPEC E3)."""
+        self._budget = MESSAGES_PER_TURN
+        super().data_received(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """Frames read before the end are handled before it, as websockets would, still
+        in their turns (SPEC E3): websockets is told of the end after the last one. The
+        protocol ends now (``receive_eof`` is idempotent), so nothing is written for them."""
+        if self._waiting:
+            self.protocol.receive_eof()
+            self._lost = (exc,)
+            return
+        super().connection_lost(exc)
+
     def process_event(self, event: Event) -> None:
-        """Hand a whole text message to :attr:`on_text` at once (overrides websockets).
+        """Handle a frame now, within this read's budget, else after those before it, on a
+        later turn of the loop (SPEC E3; overrides websockets)."""
+        if self._waiting is None and self._budget:
+            self._budget -= 1
+            self._take(event)
+            return
+        if self._waiting is None:
+            self._waiting = deque()
+            self._gate.hold(ReadGate.TURN)
+            self.loop.call_soon(self._next_turn)
+        self._waiting.append(event)
+
+    def _next_turn(self) -> None:
+        waiting = self._waiting
+        assert waiting is not None
+        for _ in range(min(MESSAGES_PER_TURN, len(waiting))):
+            self._take(waiting.popleft())
+        if waiting:
+            self.loop.call_soon(self._next_turn)
+            return
+        self._waiting = None
+        if self._lost is not None:
+            super().connection_lost(self._lost[0])
+            return
+        self._gate.release(ReadGate.TURN)
+
+    def _take(self, event: Event) -> None:
+        """Hand a whole text message to :attr:`on_text` at once, anything else to
+        websockets' ``process_event``.
 
         websockets queues each message in its assembler, sets a future and wakes the
         task awaiting :meth:`recv`: a future, a queue round and a task step per message
         (issue 13). With :attr:`on_text` set, a text frame that is a whole message goes
-        to it from the read callback instead, in arrival order: only while the assembler
-        holds no frame, so it never overtakes a message :meth:`recv` will return. (A
+        to it from the read callback (or its later turn) instead, in arrival order: only
+        while the assembler holds no frame, so it never overtakes a message :meth:`recv`
+        will return. (A
         frame stays in the assembler until the reader takes it, and the reader handles
         what :meth:`recv` returned without awaiting in between, so no other state is
         needed.) Anything else (the handshake, fragments, binary frames, control frames)
