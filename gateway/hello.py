@@ -20,7 +20,7 @@ from gateway.nodes import Resumable
 from gateway.outbox import Link, Outbox, Replay
 from gateway.session import Session, SessionTable, TokenBucket
 from gateway.store import Store, StoreUnavailable
-from gateway.wslib import Socket
+from gateway.wslib import RepeatedHeader, Socket
 from protocol import messages as m
 from protocol.codec import encode, encode_json
 from protocol.connection_state import Connection
@@ -51,8 +51,18 @@ def context_too_large(context: dict[str, str], limits: LimitsConfig) -> bool:
 
 
 def credential(hello: m.Hello, ws: Socket) -> str | None:
-    """The hello's token, else the upgrade request's ``Authorization: Bearer`` value."""
-    return hello.token or bearer(ws.header("Authorization"))
+    """The hello's token, else the upgrade request's ``Authorization: Bearer`` value.
+
+    Raises:
+        AuthError: no token in the hello and ``Authorization`` is repeated (SPEC S2, E1:
+            which of two credentials a proxy vetted is unknown; neither is taken).
+    """
+    if hello.token:
+        return hello.token
+    try:
+        return bearer(ws.header("Authorization"))
+    except RepeatedHeader as exc:
+        raise AuthError(str(exc)) from exc
 
 
 def may_resume(

@@ -4,7 +4,8 @@
 (:data:`gateway.wslib.ProcessRequest`). A WebSocket upgrade is refused, before any
 session exists, when its URL carries a credential (SPEC S2: URLs end up in access logs;
 HTTP 400), its ``Origin`` is not allowed (SPEC S2, case F15: HTTP 403) or it offers no
-supported subprotocol (SPEC S1: HTTP 400 naming what is supported). A plain HTTP request
+supported subprotocol (SPEC S1: HTTP 400 naming what is supported); a repeated ``Origin``
+is refused 400 (SPEC S2, E1; RFC 6454 section 7.3). A plain HTTP request
 goes to :class:`SideRoutes`: ``/healthz``, ``/readyz``, ``/metrics`` (Prometheus text)
 and the demo console's files (SPEC O2, K2). ``/mcp`` never reaches either: the socket
 sniffer hands it to the MCP app first (SPEC M4, :mod:`gateway.mcp.route`).
@@ -166,8 +167,9 @@ class UpgradeVetting:
     def process_request(self, connection: WsConnection, request: Request) -> Response | None:
         """A refusal or side-route response, or ``None`` to let the handshake go on."""
         url = urlsplit(request.path)
-        is_upgrade = "websocket" in request.headers.get("Upgrade", "").lower()
-        if not is_upgrade:
+        # Upgrade is a list (RFC 9110 section 7.8): repeated lines are one comma list.
+        upgrades = wslib.header_values(request, "Upgrade")
+        if "websocket" not in ",".join(upgrades).lower():
             return self._routes.answer(request.method, url.path)
         if credentials_in(url.path, url.query):
             return wslib.plain_response(
@@ -176,7 +178,13 @@ class UpgradeVetting:
                 "credentials are not accepted in the URL; "
                 "send them in hello or the Authorization header\n",
             )
-        origin = request.headers.get("Origin")
+        try:
+            origin = wslib.single_header(request, "Origin")
+        except wslib.RepeatedHeader as exc:
+            # RFC 6454 section 7.3: a user agent sends one Origin. Two are no browser's
+            # and either one could be the one a proxy checked: refused, not chosen.
+            logger.warning("refused upgrade with a repeated Origin header (SPEC S2)")
+            return wslib.plain_response(connection, http.HTTPStatus.BAD_REQUEST, f"{exc}\n")
         if origin is not None and not self._origins.allows(origin):
             logger.warning("refused upgrade from origin %s (SPEC S2)", origin)
             forbidden = http.HTTPStatus.FORBIDDEN

@@ -20,7 +20,12 @@ What is used, and how public it is:
   manager. For messages read without a task wake-up (:attr:`WsConnection.on_text`): the
   ``process_event`` override point, which gets every :class:`~websockets.frames.Frame`
   after the handshake, and the length of ``recv_messages.frames``, the frames the
-  assembler holds for ``recv``. websockets documents these in its source, not as API.
+  assembler holds for ``recv``. For bounded reads and writes (:class:`ReadGate`, SPEC
+  D5, E2, E3): the asyncio protocol callbacks ``connection_made``, ``data_received``,
+  ``connection_lost``, ``pause_writing`` and ``resume_writing`` (each overridden and
+  chained), the assembler's ``pause`` and ``resume`` attributes, ``loop``, and the
+  sans-I/O ``receive_eof`` (idempotent). websockets documents these in its source, not
+  as API.
 - A calling convention: ``serve`` builds each connection as
   ``create_connection(protocol, server, **options)``, hands the result to the event loop
   as the asyncio protocol, and the connection's ``connection_made`` starts the handler.
@@ -40,6 +45,7 @@ import asyncio
 import contextlib
 import http
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, Protocol, cast
 
@@ -52,8 +58,11 @@ from websockets.http11 import Request, Response
 from websockets.protocol import Event, State
 from websockets.typing import Subprotocol
 
+from protocol.errors import ToolbusError
+
 __all__ = [
     "ConnectionClosed",
+    "RepeatedHeader",
     "Request",
     "Response",
     "Server",
@@ -63,6 +72,7 @@ __all__ = [
     "plain_response",
     "response",
     "serve",
+    "single_header",
     "without_body",
 ]
 
@@ -92,7 +102,11 @@ class Socket(Protocol):
         ...
 
     def header(self, name: str) -> str | None:
-        """A header of the upgrade request, ``None`` when absent."""
+        """A single-valued header of the upgrade request, ``None`` when absent.
+
+        Raises:
+            RepeatedHeader: the request carries it more than once.
+        """
         ...
 
     def write_now(self, frames: Sequence[bytes]) -> bool:
@@ -112,26 +126,151 @@ class Socket(Protocol):
         ...
 
 
+MESSAGES_PER_TURN = 64
+"""Frames of one socket read handled in one turn of the event loop (SPEC E3); the rest
+wait, in order, for the next turns. One read holds up to 256 KiB: about 12,000 small
+requests, seconds of work that would stall every other socket."""
+
+
+class ReadGate:
+    """Why a transport is not read now: reading resumes once no reason holds.
+
+    ``pause_reading`` and ``resume_reading`` are one flag, so two users of it (websockets'
+    assembler and this module) would undo each other; each names its reason here instead.
+
+    Args:
+        transport: the connection's transport.
+    """
+
+    QUEUE = 1
+    """websockets' assembler holds ``max_queue`` frames for ``recv``."""
+    WRITE = 2
+    """The write buffer is above its high-water mark (SPEC D5, E2)."""
+    TURN = 4
+    """Frames already read wait for a later turn of the loop (SPEC E3)."""
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+        self._holds = 0
+
+    def hold(self, why: int) -> None:
+        """Stop reading for ``why`` (one of the class constants) until :meth:`release`."""
+        if not self._holds:
+            self._transport.pause_reading()
+        self._holds |= why
+
+    def release(self, why: int) -> None:
+        """``why`` no longer holds; read again if nothing else does."""
+        if self._holds & why:
+            self._holds &= ~why
+            if not self._holds:
+                self._transport.resume_reading()
+
+
 class WsConnection(ServerConnection):
-    """websockets' server connection, writing the frames of one flush at once.
+    """websockets' server connection, writing the frames of one flush at once, with
+    bounded work per read and bounded writes per peer.
 
     websockets writes each outgoing frame with its own ``transport.write``; when a link
     sends several frames together (``tool_start`` and ``result`` of a quick call, a
     replay page), that would be one ``send`` syscall and one wake-up of the peer per
     frame. :meth:`send_data` joins them into one write. Behaviour is otherwise
     websockets' own, including the half-close on an empty chunk (RFC 6455 section 7.1.1).
+
+    Two bounds websockets leaves to its user (SPEC D5, E2, E3):
+
+    - Writes: websockets answers each ping with a pong (RFC 6455 section 5.5.2) and each
+      close with a close as it reads them, outside any flow control; a peer that sends
+      pings and never reads would grow the write buffer without end, before ``hello``.
+      While the buffer is above its high-water mark (``write_limit``) the socket is not
+      read (:meth:`pause_writing`), so what a peer can make the server owe is one read
+      past that mark. A peer that never reads then meets the hello timeout, heartbeat
+      or slow-consumer close (1013), whose close is aborted after ``close_timeout``.
+    - Work: of the frames of one read, :data:`MESSAGES_PER_TURN` are handled at once;
+      the rest wait, in arrival order, for the next turns of the loop
+      (:meth:`process_event`), and the socket is not read until they are handled, so
+      every other socket gets its turn in between. A read of a few frames (the common
+      case) costs no extra turn.
     """
 
     on_text: Callable[[str], None] | None = None
+    _budget = MESSAGES_PER_TURN
+    _waiting: deque[Event] | None = None
+    """Frames read and not yet handled, oldest first; ``None``: none wait."""
+    _lost: tuple[Exception | None] | None = None
+    """The argument of a ``connection_lost`` that came while frames waited."""
+    _gate: ReadGate
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        """websockets' own, with its assembler's pause of reading routed through
+        :class:`ReadGate` (overrides websockets)."""
+        super().connection_made(transport)
+        self._gate = gate = ReadGate(cast(asyncio.Transport, transport))
+        self.recv_messages.pause = lambda: gate.hold(ReadGate.QUEUE)
+        self.recv_messages.resume = lambda: gate.release(ReadGate.QUEUE)
+
+    def pause_writing(self) -> None:
+        """The write buffer passed its high-water mark: stop reading (SPEC D5, E2)."""
+        super().pause_writing()
+        self._gate.hold(ReadGate.WRITE)
+
+    def resume_writing(self) -> None:
+        """The write buffer fell to its low-water mark: read again (SPEC D5, E2)."""
+        super().resume_writing()
+        self._gate.release(ReadGate.WRITE)
+
+    def data_received(self, data: bytes) -> None:
+        """websockets' own, with a fresh budget of frames for this read (SPEC E3)."""
+        self._budget = MESSAGES_PER_TURN
+        super().data_received(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """Frames read before the end are handled before it, as websockets would, still
+        in their turns (SPEC E3): websockets is told of the end after the last one. The
+        protocol ends now (``receive_eof`` is idempotent), so nothing is written for them."""
+        if self._waiting:
+            self.protocol.receive_eof()
+            self._lost = (exc,)
+            return
+        super().connection_lost(exc)
 
     def process_event(self, event: Event) -> None:
-        """Hand a whole text message to :attr:`on_text` at once (overrides websockets).
+        """Handle a frame now, within this read's budget, else after those before it, on a
+        later turn of the loop (SPEC E3; overrides websockets)."""
+        if self._waiting is None and self._budget:
+            self._budget -= 1
+            self._take(event)
+            return
+        if self._waiting is None:
+            self._waiting = deque()
+            self._gate.hold(ReadGate.TURN)
+            self.loop.call_soon(self._next_turn)
+        self._waiting.append(event)
+
+    def _next_turn(self) -> None:
+        waiting = self._waiting
+        assert waiting is not None
+        for _ in range(min(MESSAGES_PER_TURN, len(waiting))):
+            self._take(waiting.popleft())
+        if waiting:
+            self.loop.call_soon(self._next_turn)
+            return
+        self._waiting = None
+        if self._lost is not None:
+            super().connection_lost(self._lost[0])
+            return
+        self._gate.release(ReadGate.TURN)
+
+    def _take(self, event: Event) -> None:
+        """Hand a whole text message to :attr:`on_text` at once, anything else to
+        websockets' ``process_event``.
 
         websockets queues each message in its assembler, sets a future and wakes the
         task awaiting :meth:`recv`: a future, a queue round and a task step per message
         (issue 13). With :attr:`on_text` set, a text frame that is a whole message goes
-        to it from the read callback instead, in arrival order: only while the assembler
-        holds no frame, so it never overtakes a message :meth:`recv` will return. (A
+        to it from the read callback (or its later turn) instead, in arrival order: only
+        while the assembler holds no frame, so it never overtakes a message :meth:`recv`
+        will return. (A
         frame stays in the assembler until the reader takes it, and the reader handles
         what :meth:`recv` returned without awaiting in between, so no other state is
         needed.) Anything else (the handshake, fragments, binary frames, control frames)
@@ -199,7 +338,7 @@ class WsConnection(ServerConnection):
 
     def header(self, name: str) -> str | None:
         request = self.request
-        return request.headers.get(name) if request is not None else None
+        return single_header(request, name) if request is not None else None
 
     def write_now(self, frames: Sequence[bytes]) -> bool:
         """Write ``frames`` (encoded text frames) now, in one write, without flow control.
@@ -373,6 +512,36 @@ def plain_response(connection: WsConnection, status: http.HTTPStatus, text: str)
 def without_body(answer: Response) -> Response:
     """The same status and headers without the body (a HEAD, RFC 9110 section 9.3.2)."""
     return Response(answer.status_code, answer.reason_phrase, answer.headers, b"")
+
+
+class RepeatedHeader(ToolbusError):
+    """The peer sent a single-valued header more than once (SPEC S2, E1).
+
+    RFC 9110 section 5.3 allows repeated field lines only for a list-valued field;
+    ``Origin`` (RFC 6454 section 7.3) and ``Authorization`` (RFC 9110 section 11.6.2) carry
+    one value. Two of them are ambiguous (which one did a proxy check?), so the request is
+    refused, never read as either: HTTP 400 at the upgrade, ``auth_failed`` and close
+    4003 for a credential.
+
+    Attributes:
+        name: the header's name, as the server asked for it.
+    """
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"repeated {name} header")
+        self.name = name
+
+
+def single_header(request: Request, name: str) -> str | None:
+    """The one value of a single-valued request header, ``None`` when absent (SPEC S2).
+
+    Raises:
+        RepeatedHeader: the request carries ``name`` more than once.
+    """
+    values = request.headers.get_all(name)
+    if len(values) > 1:
+        raise RepeatedHeader(name)
+    return values[0] if values else None
 
 
 def header_values(request: Request, name: str) -> list[str]:

@@ -19,6 +19,18 @@ from gateway.auth import Authenticator, AuthError, bearer
 
 PROFILE_HEADER = "x-toolbus-profile"
 
+_SINGLE = ("authorization", "mcp-session-id", "origin", PROFILE_HEADER)
+"""Headers read as one value (lower case): a request repeating one is refused (SPEC S2,
+E1): 401 for ``Authorization``, as for any credential refused, else 400."""
+
+
+def _header_lines(scope: Scope) -> dict[str, list[str]]:
+    """Every value of each request header, by lower-case name, in the order sent."""
+    lines: dict[str, list[str]] = {}
+    for key, value in scope["headers"]:
+        lines.setdefault(key.decode("latin-1").lower(), []).append(value.decode("latin-1"))
+    return lines
+
 
 class HttpAdmission:
     """The ``/mcp`` request checks (SPEC S2, M4).
@@ -44,7 +56,8 @@ class HttpAdmission:
         ``scope["state"]["toolbus"]``: 404 off ``/mcp``, 400 for a credential in the URL,
         403 for a refused ``Origin`` or a profile not granted (the ``X-Toolbus-Profile``
         header or ``profile`` query parameter; default: the only granted one), 401 (with
-        ``WWW-Authenticate: Bearer``) for a missing or refused credential."""
+        ``WWW-Authenticate: Bearer``) for a missing, refused or repeated credential, 400
+        for another header of :data:`_SINGLE` sent twice (SPEC S2, E1)."""
         path, query = scope["path"], scope.get("query_string", b"").decode("latin-1")
         if path.rstrip("/") != "/mcp":
             return PlainTextResponse("not found\n", 404)
@@ -52,12 +65,20 @@ class HttpAdmission:
             return PlainTextResponse(
                 "credentials are not accepted in the URL; send Authorization: Bearer\n", 400
             )
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        lines = _header_lines(scope)
+        repeated = sorted(n for n in _SINGLE if n != "authorization" and len(lines.get(n, ())) > 1)
+        if repeated:
+            # SPEC S2, E1: RFC 9110 section 5.3, RFC 6454 section 7.3: one value each;
+            # two are refused, never one of them chosen.
+            return PlainTextResponse(f"repeated {repeated[0]} header\n", 400)
+        headers = {name: values[0] for name, values in lines.items()}
         origin = headers.get("origin")
         if origin is not None and not self.origin_allowed(origin):
             return PlainTextResponse("origin not allowed\n", 403)
         credential = bearer(headers.get("authorization"))
         try:
+            if len(lines.get("authorization", ())) > 1:
+                raise AuthError("repeated Authorization header")
             identity = self.authenticator.authenticate(credential)
         except AuthError:
             return PlainTextResponse(

@@ -128,3 +128,45 @@ async def test_o2_websockets_logs_no_line_per_connection(
         f"session {session} (resumed=False, user=alice)",
         "socket closed; session parked",
     ]
+
+
+async def _upgrade(gw: Gateway, extra: str) -> bytes:
+    """The status line answering a WebSocket upgrade with ``extra`` header lines."""
+    async with asyncio.timeout(WAIT):
+        reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
+        try:
+            writer.write(
+                f"GET / HTTP/1.1\r\nHost: 127.0.0.1:{gw.port}\r\nConnection: Upgrade\r\n"
+                "Sec-WebSocket-Version: 13\r\nSec-WebSocket-Protocol: toolbus.v1\r\n"
+                f"{extra}\r\n".encode()
+            )
+            return (await reader.readuntil(b"\r\n")).strip()
+        finally:
+            writer.close()
+
+
+@pytest.mark.parametrize(
+    ("lines", "status"),
+    [
+        ("Upgrade: websocket\r\nUpgrade: websocket\r\nSec-WebSocket-Key: {key}\r\n", b"426"),
+        ("Upgrade: h2c\r\nUpgrade: websocket\r\nSec-WebSocket-Key: {key}\r\n", b"426"),
+        ("Upgrade: websocket\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Key: {key}\r\n", b"400"),
+        (
+            "Upgrade: websocket\r\nSec-WebSocket-Key: {key}\r\n"
+            "Origin: {origin}\r\nOrigin: https://evil.example\r\n",
+            b"400",
+        ),
+        ("Upgrade: websocket\r\nSec-WebSocket-Key: {key}\r\nOrigin: {origin}\r\n", b"101"),
+    ],
+)
+async def test_s2_e1_repeated_upgrade_headers_are_refused_typed(
+    gateway: Gateway, caplog: pytest.LogCaptureFixture, lines: str, status: bytes
+) -> None:
+    """SPEC S1, S2, E1: an upgrade repeating a single-valued header (``Upgrade``,
+    ``Sec-WebSocket-Key``, ``Origin``) is answered 400 (426 for ``Upgrade``, RFC 9110
+    section 15.5.22, as websockets answers one it cannot take), never 500."""
+    key = "dGhlIHNhbXBsZSBub25jZQ=="
+    origin = f"http://127.0.0.1:{gateway.port}"
+    answer = await _upgrade(gateway, lines.format(key=key, origin=origin))
+    assert answer.split(b" ")[1] == status, answer
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]

@@ -2,6 +2,8 @@
 
 ``gateway/wslib.py`` reaches below websockets' public API: it overrides
 ``Connection.send_data`` and ``Connection.process_event`` (reading ``recv_messages.frames``),
+``connection_made`` (setting ``recv_messages.pause`` and ``resume``), ``data_received``,
+``connection_lost``, ``pause_writing`` and ``resume_writing``,
 drives the sans-I/O ``protocol`` (``state``, ``send_text``, ``data_to_send``,
 ``close_sent``, ``close_rcvd_then_sent``), writes to ``transport``, enters
 ``send_context``, passes a non-class ``create_connection`` to ``serve`` and reads
@@ -80,6 +82,22 @@ SIGNATURES: dict[str, tuple[Callable[..., Any], list[str]]] = {
     "websockets.asyncio.server.ServerConnection.connection_made": (
         ServerConnection.connection_made,
         ["self", "transport"],
+    ),
+    "websockets.asyncio.connection.Connection.data_received": (
+        Connection.data_received,
+        ["self", "data"],
+    ),
+    "websockets.asyncio.connection.Connection.connection_lost": (
+        Connection.connection_lost,
+        ["self", "exc"],
+    ),
+    "websockets.asyncio.connection.Connection.pause_writing": (
+        Connection.pause_writing,
+        ["self"],
+    ),
+    "websockets.asyncio.connection.Connection.resume_writing": (
+        Connection.resume_writing,
+        ["self"],
     ),
 }
 """Every websockets method wslib overrides, calls below the public API, or hands
@@ -165,6 +183,42 @@ async def test_frames_reach_process_event_and_the_assembler_queue() -> None:
     assert len(assembler.frames) == 0, "websockets internal changed: Assembler.frames has no len"
     assert {Opcode.TEXT, Opcode.BINARY, Opcode.CONT} <= set(Opcode)
     assert [f.name for f in dataclasses.fields(Frame)][:3] == ["opcode", "data", "fin"]
+
+
+async def test_assembler_pauses_reading_through_its_pause_attributes() -> None:
+    """websockets' assembler pauses and resumes the transport's reading through its
+    ``pause`` and ``resume`` attributes, set from ``connection_made``; WsConnection routes
+    them through its ReadGate so the fair-share and write-bound pauses (SPEC D5, E3) do
+    not undo its own, nor it theirs."""
+    made = inspect.getsource(Connection.connection_made)
+    assert "pause=transport.pause_reading" in made, (
+        "websockets internal changed: connection_made no longer gives the assembler pause"
+    )
+    assert "resume=transport.resume_reading" in made, (
+        "websockets internal changed: connection_made no longer gives the assembler resume"
+    )
+    from websockets.asyncio.messages import Assembler
+
+    calls: list[str] = []
+    assembler = Assembler(1, 0, pause=lambda: None, resume=lambda: None)
+    assembler.pause = lambda: calls.append("pause")
+    assembler.resume = lambda: calls.append("resume")
+    for _ in range(2):
+        assembler.put(Frame(Opcode.TEXT, b"x"))
+    assert calls == ["pause"], "websockets internal changed: Assembler reads self.pause"
+
+
+def test_receive_eof_is_idempotent_and_ends_the_protocol() -> None:
+    """WsConnection ends the sans-I/O protocol with ``receive_eof`` when its socket is lost
+    while frames still wait for their turn (SPEC E3), and tells websockets'
+    ``connection_lost`` later, which calls it again: a second call must change nothing."""
+    protocol = ServerProtocol()
+    protocol.receive_eof()
+    protocol.receive_eof()
+    assert protocol.state is State.CLOSED
+    assert "self.protocol.receive_eof()" in inspect.getsource(Connection.connection_lost), (
+        "websockets internal changed: connection_lost no longer ends the protocol"
+    )
 
 
 def test_state_names() -> None:

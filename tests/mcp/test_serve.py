@@ -131,6 +131,27 @@ async def test_bad_bearer_is_401(gateway: Gateway) -> None:
     assert bad_origin.status_code == 403
 
 
+async def test_repeated_single_headers_are_refused(gateway: Gateway) -> None:
+    """SPEC M4, S2, E1: a repeated ``Authorization`` is 401 and a repeated ``Origin``,
+    ``X-Toolbus-Profile`` or ``Mcp-Session-Id`` 400, never one of the two taken."""
+    url = f"http://127.0.0.1:{gateway.port}/mcp"
+    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
+    bob = ("Authorization", "Bearer bob-token")
+    ours = ("Origin", f"http://127.0.0.1:{gateway.port}")
+    cases = {
+        "authorization": [bob, ("Authorization", "Bearer alice-token")],
+        "origin": [bob, ("Origin", "http://evil"), ours],
+        "profile": [bob, ("X-Toolbus-Profile", "readonly"), ("X-Toolbus-Profile", "demo")],
+        "session": [bob, ("Mcp-Session-Id", "a"), ("Mcp-Session-Id", "b")],
+    }
+    async with httpx2.AsyncClient() as http:
+        got = {
+            name: (await http.post(url, json=body, headers=lines)).status_code
+            for name, lines in cases.items()
+        }
+    assert got == {"authorization": 401, "origin": 400, "profile": 400, "session": 400}
+
+
 async def test_websocket_still_served_on_the_same_port(gateway: Gateway) -> None:
     """SPEC M4, S1: the WebSocket path is unchanged next to ``/mcp``."""
     async with asyncio.timeout(WAIT):

@@ -1,0 +1,579 @@
+"""Attacks at the protocol level (SPEC D4, C3, I15): a socket that lost its session to a
+resume still acting on it; a profile that lacks a tool getting that tool's outcome
+through the principal's call ledger.
+
+Each test states the input and the right behaviour; they fail on the code they were
+written against (branch h-proto) and pass once the fault is fixed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from websockets.asyncio.client import connect
+
+from tests.gateway import ledger_tools as lt
+from tests.gateway import proto_tools
+from tests.gateway.store_faults import LOCKER
+from tests.support import (
+    CONVERT,
+    MS,
+    ROOT,
+    WAIT,
+    Peer,
+    barrier,
+    closed,
+    gateway_script,
+    peer,
+    peer_at,
+    resume_fields,
+    running,
+    script_server,
+    settings_for,
+)
+
+QUICK_BOUND = 1.0
+"""Seconds a quick call may take while another session floods (as in test_fair_share)."""
+
+FLOOD = r"""
+import sys, threading, orjson
+from websockets.sync.client import connect
+ws = connect(sys.argv[1], subprotocols=["toolbus.v1"], max_size=None)
+ws.send(orjson.dumps({"type": "hello", "token": "alice-token", "profile": "demo"}).decode())
+ws.recv()
+def read():
+    try:
+        while True:
+            ws.recv()
+    except Exception:
+        pass
+threading.Thread(target=read, daemon=True).start()
+print("go", flush=True)
+frame = orjson.dumps({"type": "grants.list"}).decode()
+for _ in range(int(sys.argv[2])):
+    ws.send(frame)
+print("sent", flush=True)
+"""
+"""A client in a process of its own that sends N ``grants.list`` frames as fast as its
+socket takes them and reads every reply."""
+
+NOTE = {"title": "payroll", "body": "salaries 2027"}
+"""Arguments of a demo ``notes_create`` call (capability ``notes.write``)."""
+
+
+async def _answer(p: Peer, call_id: str) -> dict[str, Any]:
+    """The first frame about ``call_id``: its terminal event, or an ``error`` reply
+    naming it (``details.call_id``)."""
+    async with asyncio.timeout(WAIT):
+        while True:
+            msg = await p.recv()
+            if msg.get("call_id") == call_id and msg["type"] in (
+                "result",
+                "dispatched",
+                "call.error",
+            ):
+                return msg
+            if msg["type"] == "error" and (msg.get("details") or {}).get("call_id") == call_id:
+                return msg
+
+
+async def test_d4_a_replaced_socket_cannot_end_the_session_it_lost(tmp_path: Path) -> None:
+    """SPEC D4, I12: a resume on a new socket takes the session over; the old socket is
+    closed 4000 and no longer carries the session. Input: alice's socket ``old`` is
+    alive but slow to read (it has not read the 4000 close yet, as on a congested
+    network); a new socket resumes the session; ``old`` then sends ``bye``, which it
+    wrote before it learned it was replaced. Right: the ``bye`` of a socket that no
+    longer holds the session changes nothing; the new socket's calls still get their
+    terminal reply. Seen: the stale ``bye`` ends the resumed session; the new socket
+    stays open on an ended session and its ``invoke`` never gets a terminal reply."""
+    async with running(settings_for(tmp_path)) as gw, peer(gw) as old:
+        await old.invoke("c1", "convert_units", CONVERT)
+        await old.terminal("c1")
+        old.ws.transport.pause_reading()  # it does not see the 4000 close
+        async with peer(gw, hello=False) as new:
+            await new.hello(**resume_fields(old, 0))
+            assert new.welcome["resumed"] is True
+            await old.send({"type": "bye", "id": "stale"})
+            await asyncio.sleep(300 * MS)  # the stale frame reaches the server
+            await new.invoke("c2", "convert_units", CONVERT)
+            try:
+                async with asyncio.timeout(2.0):
+                    reply = await _answer(new, "c2")
+            except TimeoutError:
+                reply = {"type": "nothing within 2 s"}
+            ended = gw.sessions.get(new.welcome["session_id"]) is None
+            assert (reply["type"], ended) == ("result", False), (reply, ended)
+        old.ws.transport.resume_reading()
+
+
+async def test_d4_a_replaced_socket_cannot_change_the_context(tmp_path: Path) -> None:
+    """SPEC D4, S5: as above, the replaced socket sends ``context.update`` after the
+    takeover. Right: the session's context is the new socket's alone (unchanged).
+    Seen: the stale socket's update is applied to the session the new socket holds."""
+    async with running(settings_for(tmp_path)) as gw, peer(gw) as old:
+        await barrier(old)
+        old.ws.transport.pause_reading()
+        async with peer(gw, hello=False) as new:
+            await new.hello(**resume_fields(old, 0))
+            assert new.welcome["resumed"] is True
+            update = {"type": "context.update", "id": "stale", "context": {"project_id": "p9"}}
+            await old.send(update)
+            await asyncio.sleep(300 * MS)
+            await new.send({"type": "context.update", "id": "mine", "context": {}})
+            reply = await new.expect("context", id="mine")
+            assert reply["context"] == {}, reply
+        old.ws.transport.resume_reading()
+
+
+@pytest.mark.parametrize("when", ["finished", "running"])
+async def test_c3_i15_a_profile_without_the_tool_never_gets_its_outcome(
+    tmp_path: Path, when: str
+) -> None:
+    """SPEC C3, I1, I15: a tool absent from a session's catalog does not exist for it;
+    invoking it fails exactly like an unknown tool. Input: alice runs ``notes_create``
+    (capability ``notes.write``) in a ``demo`` session under call id ``n1``; her
+    ``readonly`` session (no ``notes.write``: the tool is not in its catalog) sends the
+    same ``invoke`` (same call id, tool and params), after the call ``finished`` or
+    while it is ``running`` (approval pending). Right: ``call.error unknown_tool``, as
+    for any call of that tool from this session. Seen: the ledger answers first, and
+    the readonly session gets the write tool's recorded ``result`` (or is attached to
+    the running call and gets it when it ends)."""
+    async with running(settings_for(tmp_path)) as gw:
+        async with peer(gw, options={"confirm_tool_calls": when == "running"}) as demo:
+            await demo.invoke("n1", "notes_create", NOTE)
+            if when == "running":
+                start = await demo.expect("tool_start", call_id="n1")
+                assert start.get("approval_id")
+            else:
+                assert (await demo.terminal("n1"))["type"] == "result"
+            async with peer(gw, profile="readonly") as ro:
+                names = {t["name"] for t in (await ro.expect("catalog"))["tools"]}
+                assert "notes_create" not in names
+                await ro.invoke("n0", "notes_create", NOTE)
+                own = await _answer(ro, "n0")
+                assert (own["type"], own.get("code")) == ("call.error", "unknown_tool")
+                await ro.invoke("n1", "notes_create", NOTE)
+                if when == "running":
+                    await asyncio.sleep(100 * MS)
+                    approval = start["approval_id"]
+                    await demo.send(
+                        {"type": "tool.confirm", "approval_id": approval, "decision": "allow"}
+                    )
+                reply = await _answer(ro, "n1")
+                assert (reply["type"], reply.get("code")) == ("call.error", "unknown_tool"), reply
+
+
+async def test_e2_re_sends_of_a_finished_call_are_rate_limited_too(tmp_path: Path) -> None:
+    """SPEC E2, I12: the invoke rate per session bounds every ``invoke``. Input:
+    ``invoke_rate`` ~0, ``invoke_burst`` 2; call ``c1`` finishes; the client then sends
+    the same ``invoke`` 50 times. Right: past the burst, the re-sends are refused
+    ``rate_limited`` (typed, nothing recorded; the client retries later). Seen: the
+    re-sends bypass the limit (the recorded-outcome path is taken before the rate
+    check): every one is answered with the recorded ``result``, each costing the
+    server a store flush and read on the event loop, at whatever rate the client sends."""
+    settings = settings_for(tmp_path, limits={"invoke_rate": 0.001, "invoke_burst": 2})
+    async with running(settings) as gw, peer(gw) as p:
+        await p.invoke("c1", "convert_units", CONVERT)
+        assert (await p.terminal("c1"))["type"] == "result"
+        for _ in range(50):
+            await p.invoke("c1", "convert_units", CONVERT)
+        answers = [await _answer(p, "c1") for _ in range(50)]
+        kinds = [a["type"] if a["type"] != "error" else a["code"] for a in answers]
+        assert kinds.count("rate_limited") >= 48, kinds
+
+
+async def test_e3_a_flood_of_cheap_requests_does_not_stall_other_users(tmp_path: Path) -> None:
+    """SPEC E3: one session cannot starve the others of the event loop. Input: alice's
+    client (a process of its own) pipelines 100,000 ``grants.list`` requests (a cheap,
+    unlimited request, about 22 bytes each) and reads every reply; meanwhile bob calls
+    ``convert_units`` every 20 ms for 4 s. Right: bob's calls keep their normal latency
+    (under :data:`QUICK_BOUND`). Seen: the server handles every whole message of one
+    socket read (up to 256 KiB, about 12,000 frames) in one read callback without
+    yielding, so bob's call waits up to about 2 s behind each such read."""
+    async with running(settings_for(tmp_path)) as gw, peer(gw, token="bob-token") as bob:
+        await bob.expect("catalog")
+        flood = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", FLOOD, gw.url, "100000", stdout=asyncio.subprocess.PIPE, cwd=ROOT
+        )
+        try:
+            assert flood.stdout is not None
+            assert (await flood.stdout.readline()).strip() == b"go"
+            took: list[float] = []
+            began = time.perf_counter()
+            while time.perf_counter() - began < 4.0:
+                start = time.perf_counter()
+                call_id = f"q{len(took)}"
+                await bob.invoke(call_id, "convert_units", CONVERT)
+                assert (await _answer(bob, call_id))["type"] == "result"
+                took.append(time.perf_counter() - start)
+                await asyncio.sleep(20 * MS)
+        finally:
+            if flood.returncode is None:
+                flood.kill()
+            await flood.wait()
+        assert max(took) < QUICK_BOUND, f"slowest of {len(took)} quick calls: {max(took):.2f} s"
+
+
+PINGS = r"""
+import base64, os, socket, sys, time
+from websockets.frames import Frame, Opcode
+host, port, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+s = socket.create_connection((host, port))
+key = base64.b64encode(os.urandom(16)).decode()
+s.sendall((f"GET / HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\n"
+           f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n"
+           "Sec-WebSocket-Protocol: toolbus.v1\r\n\r\n").encode())
+head = b""
+while b"\r\n\r\n" not in head:
+    head += s.recv(1)
+print(head.split(b"\r\n")[0].decode(), flush=True)
+chunk = Frame(Opcode.PING, b"x" * 125).serialize(mask=True, extensions=[]) * 512
+end = time.time() + seconds
+try:
+    while time.time() < end:
+        s.sendall(chunk)
+except OSError:
+    pass
+print("done", flush=True)
+time.sleep(30)
+"""
+"""A client that upgrades, sends no ``hello``, floods ping frames for N seconds and never
+reads a byte (so every pong the server owes stays in the server's buffer)."""
+
+
+async def test_d5_e2_pongs_owed_to_a_peer_that_never_reads_are_bounded(tmp_path: Path) -> None:
+    """SPEC D5, E2, S1: the outbound buffer per socket is bounded (here
+    ``server.max_outbound_bytes`` 1 MiB); past it the socket is closed. Input: an
+    unauthenticated client upgrades, sends no ``hello`` (the hello timeout is 30 s), and
+    floods 125-byte pings for 3 s without ever reading. Right: what the server holds
+    for that socket stays near the bound (or the socket is closed). Seen: websockets
+    answers every ping with a pong written to the transport, whose buffer toolbus never
+    bounds nor watches: it grows at the attacker's send rate (tens of MB here; any
+    number of such sockets, before any credential is checked)."""
+    server = {
+        "port": 0,
+        "heartbeat_interval": 0,
+        "hello_timeout": 30,
+        "max_outbound_bytes": 1 << 20,
+    }
+    async with running(settings_for(tmp_path, server=server)) as gw:
+        flood = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", PINGS, "127.0.0.1", str(gw.port), "3",
+            stdout=asyncio.subprocess.PIPE, cwd=ROOT,
+        )  # fmt: skip
+        try:
+            assert flood.stdout is not None
+            assert b"101" in await flood.stdout.readline()
+            peak = 0
+            began = time.perf_counter()
+            while time.perf_counter() - began < 3.5:
+                held = [c.transport.get_write_buffer_size() for c in gw.server.connections]
+                peak = max([peak, *held])
+                await asyncio.sleep(0.05)
+        finally:
+            flood.kill()
+            await flood.wait()
+        assert peak < 4 << 20, f"{peak / 1e6:.1f} MB of pongs held for one socket"
+
+
+async def test_i12_i15_an_attached_session_gets_the_terminal_of_a_call_a_crash_cut_off(
+    tmp_path: Path,
+) -> None:
+    """SPEC I12, I15, D3: every ``invoke`` gets exactly one terminal reply; a re-send
+    from another session of the principal attaches to the running call and gets its
+    one terminal reply. Input: alice's session A runs ``held_charge`` as ``r1``; her
+    session B sends the same ``invoke`` (attached, nothing answered yet); the server is
+    SIGKILLed and restarted; A and B resume (``resumed: true``). Right: B gets a terminal
+    reply for ``r1`` (the restart's ``cancelled``), as A does. Seen: the attachment
+    lived in memory only; A gets ``cancelled`` by replay, B's resumed log holds nothing
+    for ``r1`` and nothing ever comes: B's invoke waits forever unless its client
+    re-sends it although its resume succeeded."""
+    settings = lt.ledger_settings(tmp_path)
+    script = gateway_script("tests.gateway.ledger_tools:ledger_settings")
+    async with script_server(script, str(tmp_path)) as first:
+        url = f"ws://127.0.0.1:{first.port}/"
+        async with peer_at(url) as a, peer_at(url) as b:
+            await a.invoke("r1", "held_charge", {"amount": 100})
+            await a.expect("tool_start", call_id="r1")
+            async with asyncio.timeout(WAIT):
+                while lt.runs(settings.data_dir) != ["r1 100"]:
+                    await asyncio.sleep(10 * MS)
+            await b.invoke("r1", "held_charge", {"amount": 100})
+            await barrier(b)  # attached: no reply
+            await barrier(a)
+            await first.crash()
+    lt.reset()
+    async with running(settings) as gw:
+        for p, name in ((a, "A"), (b, "B")):
+            last = max((msg["seq"] for msg in p.seen if "seq" in msg), default=0)
+            async with peer(gw, hello=False) as again:
+                await again.hello(**resume_fields(p, last))
+                assert again.welcome["resumed"] is True
+                try:
+                    async with asyncio.timeout(3.0):
+                        reply = await _answer(again, "r1")
+                except TimeoutError:
+                    reply = {"type": "nothing within 3 s"}
+                assert (reply["type"], reply.get("code")) == ("call.error", "cancelled"), (
+                    name,
+                    reply,
+                )
+    assert lt.runs(settings.data_dir) == ["r1 100"]
+
+
+async def test_i12_i15_an_attached_session_gets_the_result_of_a_call_approved_after_a_deploy(
+    tmp_path: Path,
+) -> None:
+    """SPEC I12, I15, A4, S4: as above without a crash. Input: alice's session A invokes
+    the gated ``gated_peek`` as ``g1`` (approval pending); her session B sends the same
+    ``invoke`` (attached); the server drains (a deploy: the pending approval is handed to
+    the next start) and starts again; A and B resume; A allows ``g1``; the call runs.
+    Right: B gets ``g1``'s ``result`` too, as it would have without the deploy. Seen:
+    the attachment did not survive the drain; only A gets the result."""
+    settings = lt.ledger_settings(tmp_path)
+    async with running(settings) as gw, peer(gw) as a, peer(gw) as b:
+        await a.invoke("g1", "gated_peek", {})
+        start = await a.expect("tool_start", call_id="g1")
+        await b.invoke("g1", "gated_peek", {})
+        await barrier(b)
+    async with running(settings) as gw:
+        lt.GATE.outbox = gw.outbox  # gated_peek reads it
+        last_a = max(msg["seq"] for msg in a.seen if "seq" in msg)
+        last_b = max(msg["seq"] for msg in b.seen if "seq" in msg)
+        async with peer(gw, hello=False) as a2, peer(gw, hello=False) as b2:
+            await a2.hello(**resume_fields(a, last_a))
+            await b2.hello(**resume_fields(b, last_b))
+            assert (a2.welcome["resumed"], b2.welcome["resumed"]) == (True, True)
+            confirm = {"type": "tool.confirm", "approval_id": start["approval_id"]}
+            await a2.send({**confirm, "decision": "allow", "id": "ok"})
+            assert (await a2.expect("confirm.result", id="ok"))["accepted"] is True
+            mine = await _answer(a2, "g1")
+            assert mine["type"] == "result", mine
+            try:
+                async with asyncio.timeout(3.0):
+                    reply = await _answer(b2, "g1")
+            except TimeoutError:
+                reply = {"type": "nothing within 3 s"}
+            assert reply["type"] == "result", reply
+
+
+async def test_a3_d6_a_revoked_grant_stays_revoked_after_a_crash_in_a_store_outage(
+    tmp_path: Path,
+) -> None:
+    """SPEC A3, D6, A1: "always allow" grants can be revoked over the socket; a commit
+    that fails loses nothing an earlier commit made durable, and what the client was
+    told must hold. Input: alice allows ``notes_delete`` always (grant durable); another
+    process then holds ``BEGIN IMMEDIATE`` on the SQLite file (commits fail: ``invoke``
+    is refused ``unavailable``); alice sends ``grants.revoke notes_delete`` and gets
+    ``grants: []``; the server is SIGKILLed; the lock goes; the server starts again and
+    alice resumes. Right: the grant stays revoked (the revoke is refused ``unavailable``
+    while it cannot be stored, or it is kept): ``grants.list`` is ``[]`` and the next
+    ``notes_delete`` waits for approval. Seen: the ``grants`` reply confirmed a revoke
+    that was only in memory; after the restart the grant is back and ``notes_delete``
+    runs with no approval."""
+    script = gateway_script("tests.support:settings_for")
+    db = tmp_path / "data" / "toolbus.db"
+    async with script_server(script, str(tmp_path)) as srv:
+        async with peer_at(f"ws://127.0.0.1:{srv.port}/") as a:
+            await a.invoke("d1", "notes_delete", {"note_id": 1})
+            start = await a.expect("tool_start", call_id="d1")
+            await a.send(
+                {"type": "tool.confirm", "approval_id": start["approval_id"],
+                 "decision": "allow_always"}
+            )  # fmt: skip
+            await _answer(a, "d1")
+            await a.send({"type": "grants.list", "id": "g0"})
+            assert (await a.expect("grants", id="g0"))["tools"] == ["notes_delete"]
+            await asyncio.sleep(0.5)  # well past the commit it owes
+            locker = await asyncio.create_subprocess_exec(
+                sys.executable, "-c", LOCKER, str(db),
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            )  # fmt: skip
+            try:
+                assert locker.stdout is not None
+                assert await locker.stdout.readline() == b"locked\n"
+                await a.send({"type": "context.update", "id": "probe", "context": {}})
+                await a.expect("context", id="probe")
+                await _until_unavailable(f"ws://127.0.0.1:{srv.port}/")
+                await a.send({"type": "grants.revoke", "id": "rv", "tool": "notes_delete"})
+                revoked = await a.expect("grants", id="rv")
+                assert revoked["tools"] == []  # the user is told it is revoked
+                await srv.crash()
+            finally:
+                if locker.returncode is None:
+                    locker.kill()
+                await locker.communicate()
+    last = max(msg["seq"] for msg in a.seen if "seq" in msg)
+    async with running(settings_for(tmp_path)) as gw, peer(gw, hello=False) as again:
+        await again.hello(**resume_fields(a, last))
+        assert again.welcome["resumed"] is True
+        await again.send({"type": "grants.list", "id": "g1"})
+        grants = await again.expect("grants", id="g1")
+        await again.invoke("d2", "notes_delete", {"note_id": 2})
+        first = await again.recv()
+        while first.get("call_id") != "d2":
+            first = await again.recv()
+        assert (grants["tools"], first["type"], bool(first.get("approval_id"))) == (
+            [],
+            "tool_start",
+            True,
+        ), (grants, first)
+
+
+async def _until_unavailable(url: str) -> None:
+    """Wait until the server at ``url`` says its store cannot commit (SPEC D6): a new
+    ``hello`` is refused ``unavailable`` while any commit is failing."""
+    async with asyncio.timeout(WAIT):
+        while True:
+            async with connect(url, subprotocols=["toolbus.v1"]) as ws:  # type: ignore[list-item]
+                probe = Peer(ws)
+                await probe.send({"type": "hello", "token": "alice-token", "profile": "demo"})
+                first = await probe.recv()
+            if first.get("code") == "unavailable":
+                return
+            await asyncio.sleep(50 * MS)
+
+
+async def test_j3_j6_d6_a_job_cancelled_in_a_store_outage_is_answered_and_never_runs(
+    tmp_path: Path,
+) -> None:
+    """SPEC J3, J6, D6: ``job.cancel`` answers with the job's final state once stored
+    (or a typed error), and a job reported cancelled never runs. Input: one job slot per
+    session; job J1 holds it, J2 (``mark_job``) waits ``queued``; another process locks
+    the SQLite file (commits fail: ``invoke`` refused ``unavailable``); alice sends
+    ``job.cancel J2``; the server is SIGKILLed, the lock goes, it starts again and alice
+    resumes. Right: ``job.cancel`` gets an answer (``job`` cancelled, or ``error``
+    ``unavailable``), and a job the client was not told is still pending does not run
+    behind its back. Seen: no answer at all (the reply task's store read fails inside a
+    background task), and after the restart J2 runs."""
+    script = gateway_script("tests.gateway.proto_tools:one_job_at_a_time")
+    db = tmp_path / "data" / "toolbus.db"
+    async with script_server(script, str(tmp_path)) as srv:
+        async with peer_at(f"ws://127.0.0.1:{srv.port}/") as a:
+            await a.invoke("j1", "hold_job", {})
+            await a.invoke("j2", "mark_job", {})
+            j2 = (await _answer(a, "j2"))["job_id"]
+            await a.send({"type": "job.get", "id": "g", "job_id": j2})
+            assert (await a.expect("job", id="g"))["job"]["state"] == "queued"
+            await asyncio.sleep(0.5)
+            locker = await asyncio.create_subprocess_exec(
+                sys.executable, "-c", LOCKER, str(db),
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            )  # fmt: skip
+            try:
+                assert locker.stdout is not None
+                assert await locker.stdout.readline() == b"locked\n"
+                await a.send({"type": "context.update", "id": "probe", "context": {}})
+                await a.expect("context", id="probe")
+                await _until_unavailable(f"ws://127.0.0.1:{srv.port}/")
+                await a.send({"type": "job.cancel", "id": "cx", "job_id": j2})
+                try:
+                    async with asyncio.timeout(3.0):
+                        while True:
+                            reply = await a.recv()
+                            if reply.get("id") == "cx":
+                                break
+                except TimeoutError:
+                    reply = {"type": "nothing within 3 s"}
+                await srv.crash()
+            finally:
+                if locker.returncode is None:
+                    locker.kill()
+                await locker.communicate()
+    async with running(proto_tools.one_job_at_a_time(tmp_path)) as gw:
+        async with peer(gw, hello=False) as again:
+            last = max(msg["seq"] for msg in a.seen if "seq" in msg)
+            await again.hello(**resume_fields(a, last))
+            await asyncio.sleep(1.0)
+    ran = proto_tools.runs(tmp_path)
+    told_pending = reply["type"] == "error" and reply.get("code") == "unavailable"
+    answered = reply["type"] in ("job", "error")
+    assert (answered, told_pending or "j2" not in ran) == (True, True), (reply, ran)
+
+
+async def test_a4_d6_a_session_ended_by_bye_in_a_store_outage_stays_ended(
+    tmp_path: Path,
+) -> None:
+    """SPEC A4, D2, D6: ``bye`` ends the session for good (close 4001, no resume).
+    Input: another process locks the SQLite file (commits fail); alice sends ``bye`` and
+    is closed 4001; the server is SIGKILLed, the lock goes, it starts again; the session
+    is resumed with its id and resume token. Right: ``resumed: false`` (the ended
+    session stays ended; or ``bye`` is refused while it cannot be stored). Seen: the
+    deletion was only staged; the restart brings the session back and the resume
+    succeeds."""
+    script = gateway_script("tests.support:settings_for")
+    db = tmp_path / "data" / "toolbus.db"
+    async with script_server(script, str(tmp_path)) as srv:
+        url = f"ws://127.0.0.1:{srv.port}/"
+        async with peer_at(url) as a:
+            await barrier(a)
+            await asyncio.sleep(0.5)
+            locker = await asyncio.create_subprocess_exec(
+                sys.executable, "-c", LOCKER, str(db),
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            )  # fmt: skip
+            try:
+                assert locker.stdout is not None
+                assert await locker.stdout.readline() == b"locked\n"
+                await a.send({"type": "context.update", "id": "probe", "context": {}})
+                await a.expect("context", id="probe")
+                await _until_unavailable(url)
+                await a.send({"type": "bye"})
+                code = (await closed(a)).rcvd
+                assert code is not None and code.code == 4001
+                await asyncio.sleep(0.3)
+                await srv.crash()
+            finally:
+                if locker.returncode is None:
+                    locker.kill()
+                await locker.communicate()
+    async with running(settings_for(tmp_path)) as gw, peer(gw, hello=False) as again:
+        await again.hello(**resume_fields(a, 1))
+        assert again.welcome["resumed"] is False, again.welcome
+
+
+async def test_s2_e1_repeated_credential_or_origin_headers_are_refused_typed(
+    tmp_path: Path,
+) -> None:
+    """SPEC S2, E1: bad input gets a typed answer, never an internal error. Input: (a) an
+    upgrade with two ``Authorization: Bearer`` headers (alice's and bob's tokens) and a
+    ``hello`` without ``token``; (b) an upgrade with two ``Origin`` headers (one allowed,
+    one not). Right: (a) ``error auth_failed`` and close 4003, as for any credential it
+    cannot accept; (b) the upgrade refused 403 (or 400) with its reason. Seen: (a) the
+    header read raises ``MultipleValuesError`` inside ``hello``: close 1011 and a logged
+    traceback; (b) the same exception in the upgrade check: HTTP 500 and a traceback,
+    for any unauthenticated client."""
+    from websockets.datastructures import Headers
+    from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+    async with running(settings_for(tmp_path)) as gw:
+        two = Headers()
+        two["Authorization"] = "Bearer alice-token"
+        two["Authorization"] = "Bearer bob-token"
+        async with connect(gw.url, subprotocols=["toolbus.v1"], additional_headers=two) as ws:  # type: ignore[list-item]
+            p = Peer(ws)
+            await p.send({"type": "hello", "profile": "demo"})
+            try:
+                first = await p.recv()
+            except ConnectionClosed:
+                first = {"type": "closed"}
+            code = (await closed(p)).rcvd if first["type"] != "closed" else ws.close_code
+            sent = code.code if code is not None and hasattr(code, "code") else code
+        origins = Headers()
+        origins["Origin"] = f"http://127.0.0.1:{gw.port}"
+        origins["Origin"] = "https://evil.example"
+        try:
+            async with connect(gw.url, subprotocols=["toolbus.v1"], additional_headers=origins):  # type: ignore[list-item]
+                status = 101
+        except InvalidStatus as exc:
+            status = exc.response.status_code
+        assert (first.get("code"), sent, status in (400, 403)) == ("auth_failed", 4003, True), (
+            first,
+            sent,
+            status,
+        )
