@@ -20,10 +20,12 @@ from typing import Any, Final
 
 from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
-from websockets.exceptions import ConnectionClosed, InvalidHandshake
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 from websockets.typing import Subprotocol
 
 from protocol.codec import decode_json, encode_json
+from toolbus.client_link import require_ws_url
+from toolbus.errors import ConnectFailed
 from toolbus.script_format import Script, ScriptError, Step, load_script
 from toolbus.script_match import StepFailed, match, short, substitute
 
@@ -382,8 +384,13 @@ async def run_script(script: Script, url: str, token: str | None = None) -> Scri
     report = ScriptReport(script.name, script.path, total=len(script.steps))
     conv = Conversation(script, url, token)
     try:
+        require_ws_url(url)
+    except ConnectFailed as exc:
+        report.error = str(exc)
+        return report
+    try:
         await conv.open(conv.first_hello() if script.hello else None)
-    except (OSError, InvalidHandshake, ConnectionClosed) as exc:
+    except (OSError, InvalidHandshake, InvalidURI, ConnectionClosed) as exc:
         report.error = f"cannot connect to {url}: {exc}"
         return report
     try:

@@ -383,3 +383,22 @@ async def test_connect_unreachable() -> None:
     with pytest.raises(toolbus.ConnectFailed, match="cannot connect"):
         async with toolbus.connect("ws://127.0.0.1:9/", token="t", connect_timeout=WAIT):
             pass
+
+
+@pytest.mark.parametrize(
+    ("url", "example"),
+    [
+        ("http://127.0.0.1:9/", "ws://127.0.0.1:9/"),
+        ("https://bus.example/", "wss://bus.example/"),
+        ("127.0.0.1:9", "ws://127.0.0.1:8765/"),
+    ],
+)
+async def test_connect_needs_a_websocket_url(url: str, example: str) -> None:
+    """SPEC K1: a URL that is not ws:// or wss:// raises ConnectFailed naming the fix,
+    not websockets' InvalidURI."""
+    with pytest.raises(toolbus.ConnectFailed) as failed:
+        async with toolbus.connect(url, token="t", connect_timeout=WAIT):
+            pass
+    assert str(failed.value) == (
+        f"{url!r} is not a WebSocket URL: toolbus needs a ws:// or wss:// URL, e.g. {example}"
+    )

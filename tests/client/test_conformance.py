@@ -147,3 +147,16 @@ def test_every_suite_file_loads() -> None:
     """SPEC K3: every conformance file follows the documented format."""
     for path in SUITE:
         assert load_script(path).steps
+
+
+def test_cli_http_url(gateway_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """SPEC K3: ``toolbus run --url http://...`` fails the script with a line saying a
+    ws:// URL is needed, not a traceback."""
+    url = gateway_url.replace("ws://", "http://")
+    code = script.main([str(SUITE[0]), "--url", url])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert (
+        f"  error: {url!r} is not a WebSocket URL: toolbus needs a ws:// or wss:// URL, "
+        f"e.g. {gateway_url}\n"
+    ) in out
