@@ -209,7 +209,7 @@ class Console:
                 say(f"  {exc.guidance}")
             return
         except InvalidParams as exc:
-            say(f"call.error {tool}: invalid_params: {exc}")
+            say(f"call.error {tool}: invalid_params: {exc.message}")
             for violation in exc.violations:
                 say(f"  {violation.pointer or '/'}: {violation.message}")
             return

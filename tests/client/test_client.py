@@ -219,6 +219,10 @@ async def test_typed_errors(gateway: Gateway) -> None:
             await bus.invoke("convert_units", {"value": "x", "from_unit": "km"}, timeout=WAIT)
         pointers = {v.pointer for v in invalid.value.violations}
         assert "/value" in pointers
+        assert str(invalid.value) == (
+            '2 parameter problem(s): /: "to_unit" is a required property; '
+            '/value: "x" is not of type "number"'
+        )
         assert isinstance(invalid.value, toolbus.ToolbusClientError)
         with pytest.raises(toolbus.WrongRoute):
             await bus.invoke("show_map", {"lat": 1, "lon": 2}, timeout=WAIT)
@@ -401,4 +405,19 @@ async def test_connect_needs_a_websocket_url(url: str, example: str) -> None:
             pass
     assert str(failed.value) == (
         f"{url!r} is not a WebSocket URL: toolbus needs a ws:// or wss:// URL, e.g. {example}"
+    )
+
+
+def test_invalid_params_names_the_first_violations() -> None:
+    """SPEC I4, K1: str(InvalidParams) names the first three violations (pointer: what),
+    then counts the rest."""
+    event = m.CallError(
+        call_id="c1",
+        tool="t",
+        code=ErrorCode.INVALID_PARAMS,
+        message="5 parameter problem(s)",
+        violations=[m.Violation(pointer=f"/p{i}", message=f"bad {i}") for i in range(5)],
+    )
+    assert str(toolbus.InvalidParams(event)) == (
+        "5 parameter problem(s): /p0: bad 0; /p1: bad 1; /p2: bad 2; and 2 more"
     )
