@@ -33,7 +33,7 @@ import pydantic_settings
 import yaml
 
 from catalog.compat import render_findings
-from catalog.errors import CatalogError
+from catalog.errors import CatalogError, did_you_mean
 from catalog.exports import (
     EXPORTERS,
     ExportError,
@@ -92,8 +92,9 @@ def _settings(args: argparse.Namespace) -> Settings:
         lines = [f"{where}: {len(exc.errors())} problem(s):"]
         for error in exc.errors(include_url=False):
             key = ".".join(str(part) for part in error["loc"])
-            message = "unknown key" if error["type"] == "extra_forbidden" else error["msg"]
-            message = message.removeprefix("Value error, ")
+            message = error["msg"].removeprefix("Value error, ")
+            if error["type"] == "extra_forbidden":
+                message = _unknown_key(error["loc"])
             lines.append(f"  {key}: {message}{_from_env(error['loc'])}")
         raise ConfigError("\n".join(lines)) from exc
     except (TypeError, ValueError) as exc:
@@ -101,13 +102,25 @@ def _settings(args: argparse.Namespace) -> Settings:
         raise ConfigError(f"{where}: must be a mapping of sections (server:, calls:, …)") from exc
 
 
+def _unknown_key(loc: tuple[int | str, ...]) -> str:
+    """``unknown key (did you mean server?)`` for a misspelt section or key (SPEC O4)."""
+    fields: dict[str, Any] = Settings.model_fields
+    if len(loc) == 2 and str(loc[0]) in fields:
+        fields = getattr(fields[str(loc[0])].annotation, "model_fields", {})
+    return f"unknown key{did_you_mean(str(loc[-1]), fields)}"
+
+
 def _from_env(loc: tuple[int | str, ...]) -> str:
     """`` (from TOOLBUS_SERVER__PORT)`` when an environment variable set the key at
-    ``loc``, so the message names where the bad value came from (SPEC O4); else ``""``."""
+    ``loc``, so the message names where the bad value came from (SPEC O4); else ``""``.
+    An unknown section names every variable under it (``TOOLBUS_SEVER__PORT``)."""
     parts = [str(part) for part in loc[:2]]
     name = "TOOLBUS_" + "__".join(parts).upper()
     set_names = {key.upper() for key in os.environ}
-    return f" (from {name})" if name in set_names else ""
+    if name in set_names:
+        return f" (from {name})"
+    under = sorted(n for n in set_names if len(parts) == 1 and n.startswith(name + "__"))
+    return f" (from {', '.join(under)})" if under else ""
 
 
 def _unparsable_env() -> str | None:

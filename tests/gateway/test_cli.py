@@ -233,13 +233,37 @@ def test_config_mistake_from_the_environment_names_the_variable(
     )
 
 
+def test_o4_misspelt_section_in_a_variable_is_refused_like_a_misspelt_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SPEC O4: TOOLBUS_SEVER__PORT (a section typo) is refused naming the variable and the
+    closest section, as TOOLBUS_SERVER__PROT (a key typo) is; neither is ignored."""
+    config = tmp_path / "toolbus.yaml"
+    config.write_text("catalog: {tools: []}\n")
+    monkeypatch.setenv("TOOLBUS_SEVER__PORT", "9000")
+    assert main(["check", "--config", str(config)]) == 2
+    assert capsys.readouterr().err == (
+        f"{config}: 1 problem(s):\n"
+        "  sever: unknown key (did you mean server?) (from TOOLBUS_SEVER__PORT)\n"
+    )
+    monkeypatch.delenv("TOOLBUS_SEVER__PORT")
+    monkeypatch.setenv("TOOLBUS_SERVER__PROT", "9000")
+    assert main(["check", "--config", str(config)]) == 2
+    assert capsys.readouterr().err == (
+        f"{config}: 1 problem(s):\n"
+        "  server.prot: unknown key (did you mean port?) (from TOOLBUS_SERVER__PROT)\n"
+    )
+
+
 def test_config_mistakes_are_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """SPEC O4: a misspelt key in the config file is reported with the file and the key,
     not as a traceback; exit status 2."""
     config = tmp_path / "toolbus.yaml"
     config.write_text("sever: {port: 1}\ncatalog: {tools: []}\n")
     assert main(["check", "--config", str(config)]) == 2
-    assert capsys.readouterr().err == f"{config}: 1 problem(s):\n  sever: unknown key\n"
+    assert capsys.readouterr().err == (
+        f"{config}: 1 problem(s):\n  sever: unknown key (did you mean server?)\n"
+    )
     assert main(["check", "--config", str(tmp_path / "absent.yaml")]) == 2
     assert capsys.readouterr().err == f"{tmp_path / 'absent.yaml'}: no such file\n"
 
