@@ -48,6 +48,7 @@ from catalog.visibility import Scope, visible_tools
 from gateway.auth import AuthError
 from gateway.catalog_fit import oversized
 from gateway.config import Settings, load_settings
+from gateway.http_front import Origins
 from gateway.mcp.probe import probe_mounts
 from gateway.startup import DataDirLock, StartupError, preflight, render
 from gateway.store import StoreError
@@ -239,7 +240,9 @@ def _serve_workers(args: argparse.Namespace, settings: Settings) -> int:
             flush=True,
         )
         print(f"console: http://{host}:{port}/", flush=True)
-        for line in banner:
+        origins = Origins(server)
+        origins.port = port
+        for line in [*banner, *origins.notice()]:
             print(line, flush=True)
 
     with held:
@@ -290,7 +293,7 @@ def _serve_locked(settings: Settings, worker: bool = False) -> int:
         if worker:
             return
         print(f"console: http://{host}:{gateway.port}/", flush=True)
-        for line in banner:
+        for line in [*banner, *gateway.parts.origins.notice()]:
             print(line, flush=True)
 
     try:

@@ -39,9 +39,13 @@ class ServerConfig(_Section):
     port: int = Field(8765, ge=0, le=65535)
     """TCP port; 0 picks a free one (the bound port is logged and printed)."""
     origins: list[str] = Field(default_factory=list)
-    """Origin allowlist for browser connections (SPEC S2). Empty: only the server's own
-    origin (``http://host:port``, ``localhost`` and ``127.0.0.1`` forms). Requests without
-    an Origin header (non-browser clients) are always allowed: CSWSH needs a browser."""
+    """Origin allowlist for browser connections (SPEC S2); an upgrade from any other
+    origin is refused 403. Empty: only the server's own origin (``http://host:port``,
+    ``localhost`` and ``127.0.0.1`` forms), so on ``host: 0.0.0.0`` a page loaded from
+    another machine (``http://192.168.1.5:8765``) is refused until its origin is listed
+    here; ``serve`` prints the allowlist, and says so on a non-loopback host. Requests
+    without an Origin header (non-browser clients) are always allowed: CSWSH needs a
+    browser."""
     max_message_bytes: int = Field(1 << 20, ge=1024)
     """Largest frame or fragmented message either side sends (SPEC E2): a bigger client
     message closes 1009; an invoke's params or a handler's result may use all of it but
