@@ -48,7 +48,7 @@ DECISIONS: Final = {
 USAGE: Final = {
     "invoke": "invoke TOOL {json}",
     "confirm": f"confirm ID {'|'.join(DECISIONS)}",
-    "jobs": "jobs [STATE]",
+    "jobs": f"jobs [{'|'.join(m.JobState)}]",
     "job": "job ID",
     "cancel": "cancel CALL_ID",
     "cancel-job": "cancel-job JOB_ID",
@@ -241,7 +241,10 @@ class Console:
             say(f"  {alias} {req.tool} [{req.call_id}] {_json(req.params)}")
 
     async def jobs(self, args: list[str]) -> None:
-        jobs = await self.client.jobs(_args(args, "jobs", 0, 1)[0] if args else None)
+        state = _args(args, "jobs", 0, 1)[0] if args else None
+        if state is not None and state not in set(m.JobState):
+            raise Usage(f"{USAGE['jobs']} (not {state!r})")
+        jobs = await self.client.jobs(state)
         if not jobs:
             say("no jobs")
         for job in jobs:
@@ -353,6 +356,13 @@ async def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _pair(text: str) -> str:
+    """An argparse type: ``KEY=VALUE`` with a non-empty key, as ``--context`` takes."""
+    if not text.partition("=")[0] or "=" not in text:
+        raise argparse.ArgumentTypeError(f"KEY=VALUE expected, got {text!r}")
+    return text
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``toolbus client URL --token T --profile P``; returns the exit code."""
     parser = argparse.ArgumentParser(
@@ -373,6 +383,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--context",
         action="append",
+        type=_pair,
         default=[],
         metavar="KEY=VALUE",
         help="session context entry (repeatable)",

@@ -145,6 +145,7 @@ async def test_console_bad_input_keeps_the_session(gateway: Gateway) -> None:
         "revoke": "usage: revoke TOOL",
         "cancel-job": "usage: cancel-job JOB_ID",
         "job": "usage: job ID",
+        "jobs bogus": "usage: jobs [queued|running|done|failed|cancelled] (not 'bogus')",
         "ctx": "usage: ctx key=value [key=value ...]",
         "invoke": "usage: invoke TOOL {json}",
         "invoke convert_units {nope": "usage: invoke TOOL {json} (params are not JSON: ",
@@ -172,4 +173,15 @@ async def test_console_http_url(gateway: Gateway) -> None:
     assert err.decode() == (
         f"cannot connect: {url!r} is not a WebSocket URL: toolbus needs a ws:// or wss:// "
         f"URL, e.g. {fixed}\n"
+    )
+
+
+async def test_console_bad_context_argument(gateway: Gateway) -> None:
+    """SPEC K1, S5: a --context without '=' is a usage error (exit 2), not a traceback."""
+    proc = (await start(gateway, "--context", "project")).proc
+    async with asyncio.timeout(WAIT):
+        _, err = await proc.communicate()
+    assert proc.returncode == 2
+    assert err.decode().splitlines()[-1] == (
+        "toolbus client: error: argument --context: KEY=VALUE expected, got 'project'"
     )
