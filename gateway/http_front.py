@@ -74,6 +74,8 @@ def _response(status: http.HTTPStatus, body: bytes, content_type: str) -> Respon
 
 LOOPBACK_HOSTS: Final = frozenset({"127.0.0.1", "localhost", "::1"})
 """Hosts only this machine reaches: its own pages are the only browsers there."""
+WILDCARD_HOSTS: Final = frozenset({"0.0.0.0", "::", ""})
+"""Every interface: no page is ever loaded from such an origin."""
 
 
 class Origins:
@@ -109,8 +111,10 @@ class Origins:
         if self._server.origins or host in LOOPBACK_HOSTS:
             return lines
         example = f"http://HOST:{self.port}"
+        # A wildcard is no origin a browser shows; a named address is, under that name only.
+        page = "from another machine" if host in WILDCARD_HOSTS else f"under a name not {host}"
         lines.append(
-            f"serving on {host}: a page loaded from another machine gets its WebSocket "
+            f"serving on {host}: a page loaded {page} gets its WebSocket "
             f"refused 403 (origin not allowed) until server.origins lists the page's "
             f"origin, e.g. TOOLBUS_SERVER__ORIGINS='[\"{example}\"]' (HOST: the address "
             "in the browser's address bar)"
