@@ -614,6 +614,24 @@ fresh PostgreSQL databases (P9: three nodes and HAProxy per phase), which costs 
 than the ~10 s a quick run may add."""
 
 
+DEV_EXTRAS = ("python-socketio", "aiohttp")
+"""Distributions of the dev extras the benchmarks import (the socket.io peer, P11/P12)
+and whose versions the JSON records."""
+
+
+def missing_extras() -> list[str]:
+    """The :data:`DEV_EXTRAS` not installed, in order (empty when all are)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    missing = []
+    for name in DEV_EXTRAS:
+        try:
+            version(name)
+        except PackageNotFoundError:
+            missing.append(name)
+    return missing
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="toolbus benchmarks (docs/bench.md)")
     parser.add_argument(
@@ -636,6 +654,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "latest.json")
     args = parser.parse_args(argv)
+    missing = missing_extras()
+    if missing:
+        print(
+            f"bench: {', '.join(missing)} not installed: the benchmarks need the dev extras; "
+            'from the clone run pip install -e ".[dev]" (scripts/check installs them)',
+            file=sys.stderr,
+        )
+        return 2
     only = [w.strip().upper() for w in args.only.split(",") if w.strip()] or [
         w for w in WORKLOADS if not (args.quick and w in FULL_ONLY)
     ]

@@ -33,7 +33,7 @@ import pydantic_settings
 import yaml
 
 from catalog.compat import render_findings
-from catalog.errors import CatalogError
+from catalog.errors import CatalogError, did_you_mean
 from catalog.exports import (
     EXPORTERS,
     ExportError,
@@ -48,6 +48,7 @@ from catalog.visibility import Scope, visible_tools
 from gateway.auth import AuthError
 from gateway.catalog_fit import oversized
 from gateway.config import Settings, load_settings
+from gateway.http_front import Origins
 from gateway.mcp.probe import probe_mounts
 from gateway.startup import DataDirLock, StartupError, preflight, render, store_problems
 from gateway.store import StoreError
@@ -92,8 +93,9 @@ def _settings(args: argparse.Namespace) -> Settings:
         lines = [f"{where}: {len(exc.errors())} problem(s):"]
         for error in exc.errors(include_url=False):
             key = ".".join(str(part) for part in error["loc"])
-            message = "unknown key" if error["type"] == "extra_forbidden" else error["msg"]
-            message = message.removeprefix("Value error, ")
+            message = error["msg"].removeprefix("Value error, ")
+            if error["type"] == "extra_forbidden":
+                message = _unknown_key(error["loc"])
             lines.append(f"  {key}: {message}{_from_env(error['loc'])}")
         raise ConfigError("\n".join(lines)) from exc
     except (TypeError, ValueError) as exc:
@@ -101,13 +103,25 @@ def _settings(args: argparse.Namespace) -> Settings:
         raise ConfigError(f"{where}: must be a mapping of sections (server:, calls:, …)") from exc
 
 
+def _unknown_key(loc: tuple[int | str, ...]) -> str:
+    """``unknown key (did you mean server?)`` for a misspelt section or key (SPEC O4)."""
+    fields: dict[str, Any] = Settings.model_fields
+    if len(loc) == 2 and str(loc[0]) in fields:
+        fields = getattr(fields[str(loc[0])].annotation, "model_fields", {})
+    return f"unknown key{did_you_mean(str(loc[-1]), fields)}"
+
+
 def _from_env(loc: tuple[int | str, ...]) -> str:
     """`` (from TOOLBUS_SERVER__PORT)`` when an environment variable set the key at
-    ``loc``, so the message names where the bad value came from (SPEC O4); else ``""``."""
+    ``loc``, so the message names where the bad value came from (SPEC O4); else ``""``.
+    An unknown section names every variable under it (``TOOLBUS_SEVER__PORT``)."""
     parts = [str(part) for part in loc[:2]]
     name = "TOOLBUS_" + "__".join(parts).upper()
     set_names = {key.upper() for key in os.environ}
-    return f" (from {name})" if name in set_names else ""
+    if name in set_names:
+        return f" (from {name})"
+    under = sorted(n for n in set_names if len(parts) == 1 and n.startswith(name + "__"))
+    return f" (from {', '.join(under)})" if under else ""
 
 
 def _unparsable_env() -> str | None:
@@ -226,7 +240,9 @@ def _serve_workers(args: argparse.Namespace, settings: Settings) -> int:
             flush=True,
         )
         print(f"console: http://{host}:{port}/", flush=True)
-        for line in banner:
+        origins = Origins(server)
+        origins.port = port
+        for line in [*banner, *origins.notice()]:
             print(line, flush=True)
 
     with held:
@@ -277,7 +293,7 @@ def _serve_locked(settings: Settings, worker: bool = False) -> int:
         if worker:
             return
         print(f"console: http://{host}:{gateway.port}/", flush=True)
-        for line in banner:
+        for line in [*banner, *gateway.parts.origins.notice()]:
             print(line, flush=True)
 
     try:

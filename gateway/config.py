@@ -9,6 +9,7 @@ seconds, sizes in bytes.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -38,9 +39,13 @@ class ServerConfig(_Section):
     port: int = Field(8765, ge=0, le=65535)
     """TCP port; 0 picks a free one (the bound port is logged and printed)."""
     origins: list[str] = Field(default_factory=list)
-    """Origin allowlist for browser connections (SPEC S2). Empty: only the server's own
-    origin (``http://host:port``, ``localhost`` and ``127.0.0.1`` forms). Requests without
-    an Origin header (non-browser clients) are always allowed: CSWSH needs a browser."""
+    """Origin allowlist for browser connections (SPEC S2); an upgrade from any other
+    origin is refused 403. Empty: only the server's own origin (``http://host:port``,
+    ``localhost`` and ``127.0.0.1`` forms), so on ``host: 0.0.0.0`` a page loaded from
+    another machine (``http://192.168.1.5:8765``) is refused until its origin is listed
+    here; ``serve`` prints the allowlist, and says so on a non-loopback host. Requests
+    without an Origin header (non-browser clients) are always allowed: CSWSH needs a
+    browser."""
     max_message_bytes: int = Field(1 << 20, ge=1024)
     """Largest frame or fragmented message either side sends (SPEC E2): a bigger client
     message closes 1009; an invoke's params or a handler's result may use all of it but
@@ -313,7 +318,40 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return (init_settings, env_settings, _ConfigFile(settings_cls))
+        return (
+            init_settings,
+            env_settings,
+            _UnknownSections(settings_cls),
+            _ConfigFile(settings_cls),
+        )
+
+
+ENV_PREFIX = "TOOLBUS_"
+
+
+class _UnknownSections(PydanticBaseSettingsSource):
+    """``TOOLBUS_<SECTION>__<KEY>`` variables whose section is no section (SPEC O4).
+
+    pydantic-settings reads only the variables of known fields, so ``TOOLBUS_SEVER__PORT``
+    would be ignored without a word while ``TOOLBUS_SERVER__PROT`` is refused. This
+    source hands such a section to the model as it is, and ``extra="forbid"`` refuses it
+    as an unknown key like a misspelt key. A ``TOOLBUS_`` name without ``__`` is left
+    alone: the tests and benchmarks have their own (``TOOLBUS_TEST_MS``).
+    """
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        unknown: dict[str, Any] = {}
+        for name, value in os.environ.items():
+            upper = name.upper()
+            if not upper.startswith(ENV_PREFIX) or "__" not in upper:
+                continue
+            section, _, key = upper.removeprefix(ENV_PREFIX).lower().partition("__")
+            if section and section not in self.settings_cls.model_fields:
+                unknown.setdefault(section, {})[key] = value
+        return unknown
 
 
 _PATH_KEYS: tuple[tuple[str, ...], ...] = (
@@ -406,7 +444,9 @@ def reference_markdown() -> str:
         "sizes in bytes. Relative paths in the file are relative to the file's folder;",
         "relative paths from the environment or the command line are relative to the",
         "working directory. A list or a mapping set from the environment is written as",
-        "JSON (`TOOLBUS_SERVER__ORIGINS='[\"https://a.example\"]'`). Example:",
+        "JSON (`TOOLBUS_SERVER__ORIGINS='[\"https://a.example\"]'`). A misspelt section or",
+        "key is refused with the closest name, in the file and in a variable's name alike",
+        "(`TOOLBUS_SEVER__PORT`: `sever: unknown key (did you mean server?)`). Example:",
         "",
         "```yaml",
         "data_dir: /var/lib/toolbus",

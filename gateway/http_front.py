@@ -16,6 +16,7 @@ from __future__ import annotations
 import http
 import logging
 from pathlib import Path
+from typing import Final
 from urllib.parse import parse_qs, urlsplit
 
 from gateway import wslib
@@ -72,6 +73,12 @@ def _response(status: http.HTTPStatus, body: bytes, content_type: str) -> Respon
     )
 
 
+LOOPBACK_HOSTS: Final = frozenset({"127.0.0.1", "localhost", "::1"})
+"""Hosts only this machine reaches: its own pages are the only browsers there."""
+WILDCARD_HOSTS: Final = frozenset({"0.0.0.0", "::", ""})
+"""Every interface: no page is ever loaded from such an origin."""
+
+
 class Origins:
     """The ``Origin`` allowlist of browser requests (SPEC S2, case F15).
 
@@ -95,6 +102,25 @@ class Origins:
     def allows(self, origin: str) -> bool:
         """Whether a request carrying ``Origin: origin`` may go on."""
         return origin in self.allowed()
+
+    def notice(self) -> list[str]:
+        """What the banner says of the allowlist (SPEC S2, O1): the origins allowed, and,
+        on a non-loopback address with no ``server.origins``, that a page loaded from
+        another machine is refused until its origin is listed there."""
+        lines = [f"browser origins allowed: {', '.join(sorted(self.allowed()))}"]
+        host = self._server.host
+        if self._server.origins or host in LOOPBACK_HOSTS:
+            return lines
+        example = f"http://HOST:{self.port}"
+        # A wildcard is no origin a browser shows; a named address is, under that name only.
+        page = "from another machine" if host in WILDCARD_HOSTS else f"under a name not {host}"
+        lines.append(
+            f"serving on {host}: a page loaded {page} gets its WebSocket "
+            f"refused 403 (origin not allowed) until server.origins lists the page's "
+            f"origin, e.g. TOOLBUS_SERVER__ORIGINS='[\"{example}\"]' (HOST: the address "
+            "in the browser's address bar)"
+        )
+        return lines
 
 
 class SideRoutes:

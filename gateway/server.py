@@ -146,6 +146,10 @@ class Gateway:
         self.watchdog.start()
         self.ready = True
         logger.info("listening on ws://%s:%d/", cfg.host, self.port)
+        allowed, *refused = parts.origins.notice()
+        logger.info("%s", allowed)
+        for line in refused:  # SPEC S2: pages from other machines are refused 403
+            logger.warning("%s", line)
 
     @property
     def url(self) -> str:

@@ -23,7 +23,7 @@ from typing import Any, Final
 
 from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
-from websockets.exceptions import ConnectionClosed, InvalidHandshake
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 from websockets.frames import Frame, Opcode
 from websockets.protocol import Event
 from websockets.typing import Subprotocol
@@ -61,6 +61,26 @@ TERMINAL_CLOSES: Final = frozenset(
 1013) are retried with backoff."""
 
 REFUSED_HELLO: Final = frozenset({ErrorCode.AUTH_FAILED, ErrorCode.PROFILE_DENIED})
+
+
+WS_SCHEMES: Final = {"ws": "ws", "wss": "wss", "http": "ws", "https": "wss"}
+"""URL scheme -> the WebSocket scheme to use (SPEC K1: http(s) is a common slip)."""
+
+
+def require_ws_url(url: str) -> None:
+    """Refuse a URL that is not ``ws://`` or ``wss://`` before websockets sees it.
+
+    Raises:
+        ConnectFailed: naming the URL and, for ``http(s)://``, the ``ws(s)://`` to use.
+    """
+    scheme, sep, rest = url.partition("://")
+    if sep and scheme.lower() in ("ws", "wss"):
+        return
+    fixed = WS_SCHEMES.get(scheme.lower()) if sep else None
+    example = f"{fixed}://{rest}" if fixed else "ws://127.0.0.1:8765/"
+    raise ConnectFailed(
+        f"{url!r} is not a WebSocket URL: toolbus needs a ws:// or wss:// URL, e.g. {example}"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,7 +198,8 @@ class Link:
         """Open a socket, send ``hello``, read ``welcome`` (SPEC S1, D3).
 
         Raises:
-            ConnectFailed: refused upgrade, refused hello, or a close before welcome.
+            ConnectFailed: not a ws:// or wss:// URL, refused upgrade, refused hello, or a
+                close before welcome.
             OSError: the network failed.
         """
         options: dict[str, Any] = {
@@ -187,8 +208,11 @@ class Link:
             "create_connection": Connection,
             **self._settings.ws_options,
         }
+        require_ws_url(self._settings.url)
         try:
             ws = await ws_connect(self._settings.url, subprotocols=[SUBPROTOCOL], **options)
+        except InvalidURI as exc:
+            raise ConnectFailed(f"not a valid WebSocket URL: {exc}") from exc
         except InvalidHandshake as exc:
             raise ConnectFailed(f"upgrade refused: {exc}") from exc
         try:

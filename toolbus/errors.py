@@ -112,9 +112,24 @@ class InvalidParams(CallFailed):
         violations: every violation with its RFC 6901 pointer into the params.
     """
 
+    SHOWN: Final = 3
+    """Violations named in ``str(exc)``; the rest are counted ("and N more")."""
+
     def __init__(self, event: m.CallError) -> None:
         super().__init__(event)
         self.violations: list[m.Violation] = list(event.violations or [])
+
+    def __str__(self) -> str:
+        """The server's message, then the first :attr:`SHOWN` violations (pointer: what).
+
+        E.g. ``2 parameter problem(s): /value: "x" is not of type "number"; /to_unit:
+        'to_unit' is a required property``.
+        """
+        named = [f"{v.pointer or '/'}: {v.message}" for v in self.violations[: self.SHOWN]]
+        more = len(self.violations) - len(named)
+        if more:
+            named.append(f"and {more} more")
+        return f"{self.message}: {'; '.join(named)}" if named else self.message
 
 
 class DeniedByHook(CallFailed):

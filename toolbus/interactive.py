@@ -45,6 +45,28 @@ DECISIONS: Final = {
     "deny": m.Decision.DENY,
     "always": m.Decision.ALLOW_ALWAYS,
 }
+USAGE: Final = {
+    "invoke": "invoke TOOL {json}",
+    "confirm": f"confirm ID {'|'.join(DECISIONS)}",
+    "jobs": f"jobs [{'|'.join(m.JobState)}]",
+    "job": "job ID",
+    "cancel": "cancel CALL_ID",
+    "cancel-job": "cancel-job JOB_ID",
+    "revoke": "revoke TOOL",
+    "ctx": "ctx key=value [key=value ...]",
+}
+"""Command -> its usage line, printed for a bad argument (the session goes on)."""
+
+
+class Usage(ValueError):
+    """A command line with missing, extra or unknown arguments."""
+
+
+def _args(args: list[str], name: str, least: int, most: int) -> list[str]:
+    """``args`` when there are ``least`` to ``most`` of them, else :class:`Usage`."""
+    if not least <= len(args) <= most:
+        raise Usage(USAGE[name])
+    return args
 
 
 def _json(value: Any, limit: int = 400) -> str:
@@ -146,12 +168,14 @@ class Console:
         if command is None:
             say(f"unknown command {name!r}; try 'help'")
             return True
-        args = [rest] if name == "invoke" else shlex.split(rest)
         try:
+            args = [rest] if name == "invoke" else shlex.split(rest)
             await command(args)
         except ToolbusClientError as exc:
             say(f"error: {type(exc).__name__}: {exc}")
-        except (ValueError, IndexError) as exc:
+        except Usage as exc:
+            say(f"usage: {exc}")
+        except ValueError as exc:  # shlex: an open quote
             say(f"usage error: {exc}")
         return True
 
@@ -163,10 +187,13 @@ class Console:
     async def invoke(self, args: list[str]) -> None:
         tool, _, raw = args[0].strip().partition(" ")
         if not tool:
-            raise ValueError("invoke TOOL {json}")
-        params = decode_json(raw) if raw.strip() else {}
+            raise Usage(USAGE["invoke"])
+        try:
+            params = decode_json(raw) if raw.strip() else {}
+        except ValueError as exc:  # orjson.JSONDecodeError
+            raise Usage(f"{USAGE['invoke']} (params are not JSON: {exc})") from None
         if not isinstance(params, dict):
-            raise ValueError("params must be a JSON object")
+            raise Usage(f"{USAGE['invoke']} (params must be a JSON object)")
         task = asyncio.create_task(self._call(tool, params))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
@@ -182,7 +209,7 @@ class Console:
                 say(f"  {exc.guidance}")
             return
         except InvalidParams as exc:
-            say(f"call.error {tool}: invalid_params: {exc}")
+            say(f"call.error {tool}: invalid_params: {exc.message}")
             for violation in exc.violations:
                 say(f"  {violation.pointer or '/'}: {violation.message}")
             return
@@ -196,9 +223,12 @@ class Console:
             say(f"{label} {tool} [{out.call_id}]: {_json(out.result)}")
 
     async def confirm(self, args: list[str]) -> None:
-        ident, word = args[0], args[1]
+        ident, word = _args(args, "confirm", 2, 2)
+        decision = DECISIONS.get(word)
+        if decision is None:
+            raise Usage(f"{USAGE['confirm']} (not {word!r})")
         approval_id = self.aliases.get(ident, ident)
-        reply = await self.client.confirm(approval_id, DECISIONS[word])
+        reply = await self.client.confirm(approval_id, decision)
         reason = f" ({reply.reason.value})" if reply.reason else ""
         say(f"confirm {ident}: {'accepted' if reply.accepted else 'not accepted'}{reason}")
 
@@ -211,35 +241,42 @@ class Console:
             say(f"  {alias} {req.tool} [{req.call_id}] {_json(req.params)}")
 
     async def jobs(self, args: list[str]) -> None:
-        jobs = await self.client.jobs(args[0] if args else None)
+        state = _args(args, "jobs", 0, 1)[0] if args else None
+        if state is not None and state not in set(m.JobState):
+            raise Usage(f"{USAGE['jobs']} (not {state!r})")
+        jobs = await self.client.jobs(state)
         if not jobs:
             say("no jobs")
         for job in jobs:
             say(f"  {job.job_id} {job.tool} {job.state.value} {job.summary or ''}".rstrip())
 
     async def job(self, args: list[str]) -> None:
-        say(_json((await self.client.job(args[0])).model_dump(exclude_none=True), limit=2000))
+        (job_id,) = _args(args, "job", 1, 1)
+        say(_json((await self.client.job(job_id)).model_dump(exclude_none=True), limit=2000))
 
     async def cancel(self, args: list[str]) -> None:
-        await self.client.cancel(args[0])
-        say(f"cancel {args[0]}: sent")
+        (call_id,) = _args(args, "cancel", 1, 1)
+        await self.client.cancel(call_id)
+        say(f"cancel {call_id}: sent")
 
     async def cancel_job(self, args: list[str]) -> None:
-        job = await self.client.cancel_job(args[0])
+        (job_id,) = _args(args, "cancel-job", 1, 1)
+        job = await self.client.cancel_job(job_id)
         say(f"cancel-job {job.job_id}: requested")
 
     async def grants(self, args: list[str]) -> None:
         say(f"grants: {', '.join(await self.client.grants()) or '(none)'}")
 
     async def revoke(self, args: list[str]) -> None:
-        say(f"grants: {', '.join(await self.client.revoke(args[0])) or '(none)'}")
+        (tool,) = _args(args, "revoke", 1, 1)
+        say(f"grants: {', '.join(await self.client.revoke(tool)) or '(none)'}")
 
     async def ctx(self, args: list[str]) -> None:
         changes: dict[str, str | None] = {}
-        for pair in args:
+        for pair in _args(args, "ctx", 1, max(1, len(args))):
             key, sep, value = pair.partition("=")
             if not sep or not key:
-                raise ValueError("ctx key=value [key=value ...]")
+                raise Usage(USAGE["ctx"])
             changes[key] = value or None
         say(f"context: {_json(await self.client.update_context(changes))}")
 
@@ -319,6 +356,13 @@ async def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _pair(text: str) -> str:
+    """An argparse type: ``KEY=VALUE`` with a non-empty key, as ``--context`` takes."""
+    if not text.partition("=")[0] or "=" not in text:
+        raise argparse.ArgumentTypeError(f"KEY=VALUE expected, got {text!r}")
+    return text
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``toolbus client URL --token T --profile P``; returns the exit code."""
     parser = argparse.ArgumentParser(
@@ -339,6 +383,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--context",
         action="append",
+        type=_pair,
         default=[],
         metavar="KEY=VALUE",
         help="session context entry (repeatable)",

@@ -1,8 +1,8 @@
 """Pipecat adapter: a session's toolbus catalog as the functions of a Pipecat LLM (SPEC V2).
 
-Install with the extra ``toolbus[pipecat]``. :class:`ToolbusTools` is a Pipecat
-``FrameProcessor``; put it in the pipeline before the user context aggregator and give
-its :meth:`~ToolbusTools.tools_schema` to the ``LLMContext``::
+Install with the extra ``pipecat`` (``pip install ".[pipecat]"`` in the clone).
+:class:`ToolbusTools` is a Pipecat ``FrameProcessor``; put it in the pipeline before the
+user context aggregator and give its :meth:`~ToolbusTools.tools_schema` to the ``LLMContext``::
 
     bus = await toolbus.connect(url, token=token, profile="voice").open()
     tools = ToolbusTools(bus, on_approval=ask_the_user)

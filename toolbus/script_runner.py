@@ -20,10 +20,12 @@ from typing import Any, Final
 
 from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
-from websockets.exceptions import ConnectionClosed, InvalidHandshake
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 from websockets.typing import Subprotocol
 
 from protocol.codec import decode_json, encode_json
+from toolbus.client_link import require_ws_url
+from toolbus.errors import ConnectFailed
 from toolbus.script_format import Script, ScriptError, Step, load_script
 from toolbus.script_match import StepFailed, match, short, substitute
 
@@ -231,7 +233,7 @@ async def _receive_match(conv: Conversation, step: Step) -> tuple[Any, str]:
     message and the report line. Raises :class:`StepFailed`."""
     pattern = substitute(step.value, conv.captures)
     forbid = [substitute(f, conv.captures) for f in step.forbid]
-    skipped: list[str] = []
+    skipped: list[Missed] = []
     try:
         async with asyncio.timeout(step.timeout):
             while True:
@@ -244,13 +246,13 @@ async def _receive_match(conv: Conversation, step: Step) -> tuple[Any, str]:
                     captured = f"; captured {sorted(scratch)}" if scratch else ""
                     return message, f"got {short(message)}{extra}{captured}"
                 if step.strict:
-                    raise StepFailed(f"expected {short(pattern)}; got {short(message)} ({problem})")
+                    raise StepFailed(f"expected {short(pattern)}: {problem}; got {short(message)}")
                 for banned in forbid:
                     if match(banned, message, {}) is None:
                         raise StepFailed(
                             f"forbidden message {short(message)} before {short(pattern)}"
                         )
-                skipped.append(short(message, 80))
+                skipped.append(Missed.of(message, problem))
     except TimeoutError:
         raise StepFailed(
             f"timed out after {step.timeout} s waiting for {short(pattern)}; got {_recent(skipped)}"
@@ -262,24 +264,53 @@ async def _receive_match(conv: Conversation, step: Step) -> tuple[Any, str]:
         ) from None
 
 
-def _recent(skipped: list[str]) -> str:
+@dataclass(frozen=True, slots=True)
+class Missed:
+    """A message an ``expect`` skipped, as its report shows it.
+
+    Attributes:
+        text: the message's type and the field that did not match (path, expected and
+            got), e.g. ``result (/result/result: expected 42, got 1000.0)``; a message of
+            another type is shown by its type alone, one without a type as cut JSON.
+        near: the message had the expected type, so its mismatch is the one to read.
+    """
+
+    text: str
+    near: bool
+
+    @classmethod
+    def of(cls, message: Any, problem: str) -> Missed:
+        kind = message.get("type") if isinstance(message, dict) else None
+        if not isinstance(kind, str):
+            return cls(short(message), near=False)
+        if problem.startswith("/type:"):
+            return cls(kind, near=False)
+        return cls(f"{kind} ({problem})", near=True)
+
+
+def _recent(skipped: list[Missed]) -> str:
+    """The last three skipped messages, and the last one of the expected type when it is
+    older (its mismatching field is what the reader needs)."""
     if not skipped:
         return "nothing"
     tail = skipped[-3:]
-    more = f"{len(skipped) - len(tail)} more, then " if len(skipped) > len(tail) else ""
-    return more + " | ".join(tail)
+    nearest = next((s for s in reversed(skipped[:-3]) if s.near), None)
+    first = f"{nearest.text}, " if nearest is not None else ""
+    more = len(skipped) - len(tail) - (nearest is not None)
+    then = f"{more} more, then " if more else ""
+    return first + then + " | ".join(s.text for s in tail)
 
 
 async def _expect_close(conv: Conversation, step: Step) -> str:
     want = step.value if isinstance(step.value, dict) else {}
-    skipped: list[str] = []
+    skipped: list[Missed] = []
     try:
         async with asyncio.timeout(step.timeout):
             while True:
                 message = await conv.receive()
                 if step.strict:
                     raise StepFailed(f"expected a close; got {short(message)}")
-                skipped.append(short(message, 80))
+                skipped.append(Missed(short(message), near=False))
     except TimeoutError:
         raise StepFailed(f"no close within {step.timeout} s; got {_recent(skipped)}") from None
     except ConnectionClosed:
@@ -382,8 +413,13 @@ async def run_script(script: Script, url: str, token: str | None = None) -> Scri
     report = ScriptReport(script.name, script.path, total=len(script.steps))
     conv = Conversation(script, url, token)
     try:
+        require_ws_url(url)
+    except ConnectFailed as exc:
+        report.error = str(exc)
+        return report
+    try:
         await conv.open(conv.first_hello() if script.hello else None)
-    except (OSError, InvalidHandshake, ConnectionClosed) as exc:
+    except (OSError, InvalidHandshake, InvalidURI, ConnectionClosed) as exc:
         report.error = f"cannot connect to {url}: {exc}"
         return report
     try:

@@ -5,7 +5,7 @@ speakers; the tools are the session's toolbus catalog through :class:`toolbus.pi
 ToolbusTools`. A dangerous tool asks you on the console first; a report is spoken when
 its job is done.
 
-    pip install "toolbus[pipecat]" "pipecat-ai[local,openai]"
+    pip install ".[pipecat]" "pipecat-ai[local,openai]"   # in the clone
     toolbus serve                                  # in another terminal
     OPENAI_API_KEY=sk-... python examples/voice/pipecat_agent.py \\
         --token "$(cat toolbus-data/dev-token)" --profile voice

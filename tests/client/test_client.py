@@ -219,6 +219,10 @@ async def test_typed_errors(gateway: Gateway) -> None:
             await bus.invoke("convert_units", {"value": "x", "from_unit": "km"}, timeout=WAIT)
         pointers = {v.pointer for v in invalid.value.violations}
         assert "/value" in pointers
+        assert str(invalid.value) == (
+            '2 parameter problem(s): /: "to_unit" is a required property; '
+            '/value: "x" is not of type "number"'
+        )
         assert isinstance(invalid.value, toolbus.ToolbusClientError)
         with pytest.raises(toolbus.WrongRoute):
             await bus.invoke("show_map", {"lat": 1, "lon": 2}, timeout=WAIT)
@@ -383,3 +387,37 @@ async def test_connect_unreachable() -> None:
     with pytest.raises(toolbus.ConnectFailed, match="cannot connect"):
         async with toolbus.connect("ws://127.0.0.1:9/", token="t", connect_timeout=WAIT):
             pass
+
+
+@pytest.mark.parametrize(
+    ("url", "example"),
+    [
+        ("http://127.0.0.1:9/", "ws://127.0.0.1:9/"),
+        ("https://bus.example/", "wss://bus.example/"),
+        ("127.0.0.1:9", "ws://127.0.0.1:8765/"),
+    ],
+)
+async def test_connect_needs_a_websocket_url(url: str, example: str) -> None:
+    """SPEC K1: a URL that is not ws:// or wss:// raises ConnectFailed naming the fix,
+    not websockets' InvalidURI."""
+    with pytest.raises(toolbus.ConnectFailed) as failed:
+        async with toolbus.connect(url, token="t", connect_timeout=WAIT):
+            pass
+    assert str(failed.value) == (
+        f"{url!r} is not a WebSocket URL: toolbus needs a ws:// or wss:// URL, e.g. {example}"
+    )
+
+
+def test_invalid_params_names_the_first_violations() -> None:
+    """SPEC I4, K1: str(InvalidParams) names the first three violations (pointer: what),
+    then counts the rest."""
+    event = m.CallError(
+        call_id="c1",
+        tool="t",
+        code=ErrorCode.INVALID_PARAMS,
+        message="5 parameter problem(s)",
+        violations=[m.Violation(pointer=f"/p{i}", message=f"bad {i}") for i in range(5)],
+    )
+    assert str(toolbus.InvalidParams(event)) == (
+        "5 parameter problem(s): /p0: bad 0; /p1: bad 1; /p2: bad 2; and 2 more"
+    )

@@ -10,6 +10,7 @@ import pytest
 from gateway.server import Gateway
 from toolbus import script
 from toolbus.script import load_script, match, run_file
+from toolbus.script_runner import Missed, _recent
 
 ROOT = Path(__file__).resolve().parents[2]
 SUITE = sorted((ROOT / "tests" / "conformance").glob("*.yaml"))
@@ -58,9 +59,10 @@ async def test_failing_expect_is_reported(gateway: Gateway) -> None:
     assert failure is not None
     assert failure.index == 3
     assert failure.kind == "expect"
-    assert "timed out after 2.0 s" in failure.detail
-    assert '"result":42' in failure.detail
-    assert '"type":"result"' in failure.detail
+    assert failure.detail == (
+        'timed out after 2.0 s waiting for {"type":"result","call_id":"c1","result":'
+        '{"result":42}}; got tool_start | result (/result/result: expected 42, got 1000.0)'
+    )
     assert len(report.steps) == 3
     assert report.total == 4
     assert "FAIL step 3 expect" in report.render()
@@ -131,6 +133,23 @@ def test_matchers() -> None:
     assert match({"seq": {"absent": True}}, message, {}) == "/seq: expected absent, got 3"
 
 
+def test_k3_a_failed_expect_names_the_field_that_did_not_match() -> None:
+    """SPEC K3: the report of a skipped message shows the mismatching field (path, expected,
+    got) however long the message is; the last one of the expected type stays named when
+    later messages of other types follow."""
+    pattern = {"type": "result", "result": {"rows": [{"id": 7}]}}
+    long_result = {"type": "result", "result": {"rows": [{"id": 8, "text": "x" * 300}]}}
+    skipped = [
+        Missed.of(m, match(pattern, m, {}) or "")
+        for m in [long_result, *({"type": "job.progress", "seq": n} for n in range(4))]
+    ]
+    assert _recent(skipped) == (
+        "result (/result/rows/0/id: expected 7, got 8), 1 more, then "
+        "job.progress | job.progress | job.progress"
+    )
+    assert _recent([Missed.of("not json", "/: expected an object")]) == "'not json'"
+
+
 def test_substitution_keeps_types() -> None:
     """SPEC K3: ``${name}`` alone keeps the captured type; inside text it is formatted in."""
     captures = {"n": 7, "id": "ap-1"}
@@ -147,3 +166,16 @@ def test_every_suite_file_loads() -> None:
     """SPEC K3: every conformance file follows the documented format."""
     for path in SUITE:
         assert load_script(path).steps
+
+
+def test_cli_http_url(gateway_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """SPEC K3: ``toolbus run --url http://...`` fails the script with a line saying a
+    ws:// URL is needed, not a traceback."""
+    url = gateway_url.replace("ws://", "http://")
+    code = script.main([str(SUITE[0]), "--url", url])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert (
+        f"  error: {url!r} is not a WebSocket URL: toolbus needs a ws:// or wss:// URL, "
+        f"e.g. {gateway_url}\n"
+    ) in out

@@ -38,14 +38,16 @@ class Console:
                     return line
 
 
-async def start(gateway: Gateway, *extra: str, token: str = "alice-token") -> Console:
+async def start(
+    gateway: Gateway, *extra: str, token: str = "alice-token", url: str | None = None
+) -> Console:
     """``toolbus client`` as a subprocess with piped stdin, stdout and stderr."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
         "toolbus.interactive",
-        gateway.url,
+        url or gateway.url,
         "--token",
         token,
         "--profile",
@@ -127,3 +129,59 @@ async def test_console_end_of_input_lets_calls_finish(gateway: Gateway) -> None:
     assert "call.error convert_units: invalid_params: 3 parameter problem(s)" in out
     assert '  /value: "x" is not of type "number"' in out
     assert sum("catalog (initial" in line for line in out) == 1
+
+
+async def test_console_bad_input_keeps_the_session(gateway: Gateway) -> None:
+    """SPEC K1: a command with a missing or unknown argument prints its usage line (naming
+    the accepted decisions) and the session goes on."""
+    console = await start(gateway)
+    await console.until("catalog (initial")
+    await console.send('invoke notes_delete {"note_id": 98}')
+    await console.until("approval a1: notes_delete")
+    bad = {
+        "confirm a1 yes": "usage: confirm ID allow|deny|always (not 'yes')",
+        "confirm a1": "usage: confirm ID allow|deny|always",
+        "cancel": "usage: cancel CALL_ID",
+        "revoke": "usage: revoke TOOL",
+        "cancel-job": "usage: cancel-job JOB_ID",
+        "job": "usage: job ID",
+        "jobs bogus": "usage: jobs [queued|running|done|failed|cancelled] (not 'bogus')",
+        "ctx": "usage: ctx key=value [key=value ...]",
+        "invoke": "usage: invoke TOOL {json}",
+        "invoke convert_units {nope": "usage: invoke TOOL {json} (params are not JSON: ",
+    }
+    for line, usage in bad.items():
+        await console.send(line)
+        assert (await console.until("usage")).startswith(usage)
+    await console.send("confirm a1 deny")
+    await console.until("confirm a1: accepted")
+    await console.until("result (declined) notes_delete")
+    await console.send("quit")
+    async with asyncio.timeout(WAIT):
+        assert await console.proc.wait() == 0
+
+
+async def test_console_http_url(gateway: Gateway) -> None:
+    """SPEC K1: an http:// URL exits 2 with one line saying a ws:// URL is needed, no
+    traceback."""
+    url = gateway.url.replace("ws://", "http://")
+    proc = (await start(gateway, url=url)).proc
+    async with asyncio.timeout(WAIT):
+        _, err = await proc.communicate()
+    assert proc.returncode == 2
+    fixed = gateway.url
+    assert err.decode() == (
+        f"cannot connect: {url!r} is not a WebSocket URL: toolbus needs a ws:// or wss:// "
+        f"URL, e.g. {fixed}\n"
+    )
+
+
+async def test_console_bad_context_argument(gateway: Gateway) -> None:
+    """SPEC K1, S5: a --context without '=' is a usage error (exit 2), not a traceback."""
+    proc = (await start(gateway, "--context", "project")).proc
+    async with asyncio.timeout(WAIT):
+        _, err = await proc.communicate()
+    assert proc.returncode == 2
+    assert err.decode().splitlines()[-1] == (
+        "toolbus client: error: argument --context: KEY=VALUE expected, got 'project'"
+    )

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from gateway.auth import hash_token
 from gateway.cli import main
@@ -207,6 +207,55 @@ async def _serve_session(proc: asyncio.subprocess.Process, tmp_path: Path) -> No
         assert await proc.wait() == 0
 
 
+async def test_s2_serve_on_every_interface_names_the_origins_a_page_needs(
+    tmp_path: Path,
+) -> None:
+    """SPEC S2, O1: on 0.0.0.0 the banner lists the origins allowed and says that a page
+    from another machine needs server.origins; such a page's upgrade is refused 403 until
+    its origin is listed, and the loopback banner has no such line."""
+    # PYTHONPATH: the code of this tree, not the editable install, from another folder.
+    env = {**os.environ, "TOOLBUS_CATALOG__HOT_RELOAD": "false", "PYTHONPATH": str(ROOT)}
+    data = ["--port", "0", "--data-dir", str(tmp_path / "data")]
+    page = "http://192.0.2.7:8765"
+    for host, origins, expected in [
+        ("0.0.0.0", None, 5),
+        ("0.0.0.0", f'["{page}"]', 4),
+        ("127.0.0.1", None, 4),
+    ]:
+        run_env = env if origins is None else {**env, "TOOLBUS_SERVER__ORIGINS": origins}
+        proc = await spawn_serve("--host", host, *data, cwd=tmp_path, env=run_env)
+        assert proc.stdout is not None
+        try:
+            async with asyncio.timeout(30):
+                lines = [(await proc.stdout.readline()).decode() for _ in range(4)]
+            port = int(lines[0].split()[3].rsplit(":", 1)[1].rstrip("/"))
+            url = f"ws://127.0.0.1:{port}/"
+            if origins is not None:
+                assert lines[3] == f"browser origins allowed: {page}\n"
+                async with connect(url, origin=page, subprotocols=["toolbus.v1"]):  # type: ignore[arg-type, list-item]
+                    pass
+                continue
+            own = [f"http://{h}:{port}" for h in sorted({host, "127.0.0.1", "localhost"})]
+            assert lines[3] == f"browser origins allowed: {', '.join(own)}\n"
+            if expected == 5:
+                async with asyncio.timeout(30):
+                    lines.append((await proc.stdout.readline()).decode())
+                assert lines[4] == (
+                    "serving on 0.0.0.0: a page loaded from another machine gets its "
+                    "WebSocket refused 403 (origin not allowed) until server.origins lists "
+                    "the page's origin, e.g. TOOLBUS_SERVER__ORIGINS="
+                    f"'[\"http://HOST:{port}\"]' (HOST: the address in the browser's "
+                    "address bar)\n"
+                )
+                with pytest.raises(InvalidStatus) as refused:
+                    async with connect(url, origin=page, subprotocols=["toolbus.v1"]):  # type: ignore[arg-type, list-item]
+                        pass
+                assert refused.value.response.status_code == 403
+        finally:
+            proc.kill()
+            await proc.wait()
+
+
 async def _until_closed(ws: ClientConnection) -> list[str]:
     """The types of the messages received until the server closes the connection."""
     kinds: list[str] = []
@@ -233,13 +282,37 @@ def test_config_mistake_from_the_environment_names_the_variable(
     )
 
 
+def test_o4_misspelt_section_in_a_variable_is_refused_like_a_misspelt_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SPEC O4: TOOLBUS_SEVER__PORT (a section typo) is refused naming the variable and the
+    closest section, as TOOLBUS_SERVER__PROT (a key typo) is; neither is ignored."""
+    config = tmp_path / "toolbus.yaml"
+    config.write_text("catalog: {tools: []}\n")
+    monkeypatch.setenv("TOOLBUS_SEVER__PORT", "9000")
+    assert main(["check", "--config", str(config)]) == 2
+    assert capsys.readouterr().err == (
+        f"{config}: 1 problem(s):\n"
+        "  sever: unknown key (did you mean server?) (from TOOLBUS_SEVER__PORT)\n"
+    )
+    monkeypatch.delenv("TOOLBUS_SEVER__PORT")
+    monkeypatch.setenv("TOOLBUS_SERVER__PROT", "9000")
+    assert main(["check", "--config", str(config)]) == 2
+    assert capsys.readouterr().err == (
+        f"{config}: 1 problem(s):\n"
+        "  server.prot: unknown key (did you mean port?) (from TOOLBUS_SERVER__PROT)\n"
+    )
+
+
 def test_config_mistakes_are_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """SPEC O4: a misspelt key in the config file is reported with the file and the key,
     not as a traceback; exit status 2."""
     config = tmp_path / "toolbus.yaml"
     config.write_text("sever: {port: 1}\ncatalog: {tools: []}\n")
     assert main(["check", "--config", str(config)]) == 2
-    assert capsys.readouterr().err == f"{config}: 1 problem(s):\n  sever: unknown key\n"
+    assert capsys.readouterr().err == (
+        f"{config}: 1 problem(s):\n  sever: unknown key (did you mean server?)\n"
+    )
     assert main(["check", "--config", str(tmp_path / "absent.yaml")]) == 2
     assert capsys.readouterr().err == f"{tmp_path / 'absent.yaml'}: no such file\n"
 

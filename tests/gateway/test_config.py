@@ -39,6 +39,19 @@ def test_unknown_key_refused(tmp_path: Path) -> None:
         load_settings(config)
 
 
+def test_unknown_section_in_the_environment_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SPEC O4: a variable naming no section is an error naming it, not silently ignored;
+    a TOOLBUS_ name without a section delimiter (the tests' own) is left alone."""
+    monkeypatch.setenv("TOOLBUS_TEST_SOMETHING", "1")
+    assert load_settings().server.port == 8765
+    monkeypatch.setenv("TOOLBUS_SEVER__PORT", "9000")
+    with pytest.raises(pydantic.ValidationError) as refused:
+        load_settings()
+    assert [(e["loc"], e["type"]) for e in refused.value.errors()] == [
+        (("sever",), "extra_forbidden")
+    ]
+
+
 def test_missing_file_refused(tmp_path: Path) -> None:
     """SPEC O4: a config path that does not exist is an error, not the defaults."""
     with pytest.raises(FileNotFoundError):

@@ -8,6 +8,8 @@ import re
 
 import pytest
 
+from gateway.config import ServerConfig
+from gateway.http_front import Origins
 from gateway.server import Gateway
 from tests.support import WAIT, peer, signal
 
@@ -170,3 +172,23 @@ async def test_s2_e1_repeated_upgrade_headers_are_refused_typed(
     answer = await _upgrade(gateway, lines.format(key=key, origin=origin))
     assert answer.split(b" ")[1] == status, answer
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def test_s2_banner_names_the_origins_and_when_a_page_needs_server_origins() -> None:
+    """SPEC S2, O1: the allowlist the banner prints; a named non-loopback host warns about
+    pages loaded under another name, a loopback host or a set server.origins does not."""
+    named = Origins(ServerConfig(host="10.1.2.3"))
+    named.port = 8765
+    assert named.notice() == [
+        "browser origins allowed: http://10.1.2.3:8765, http://127.0.0.1:8765, "
+        "http://localhost:8765",
+        "serving on 10.1.2.3: a page loaded under a name not 10.1.2.3 gets its WebSocket "
+        "refused 403 (origin not allowed) until server.origins lists the page's origin, "
+        "e.g. TOOLBUS_SERVER__ORIGINS='[\"http://HOST:8765\"]' (HOST: the address in the "
+        "browser's address bar)",
+    ]
+    listed = Origins(ServerConfig(host="10.1.2.3", origins=["https://app.example"]))
+    assert listed.notice() == ["browser origins allowed: https://app.example"]
+    loopback = Origins(ServerConfig(host="localhost"))
+    loopback.port = 1
+    assert loopback.notice() == ["browser origins allowed: http://127.0.0.1:1, http://localhost:1"]

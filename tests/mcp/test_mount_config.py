@@ -174,3 +174,30 @@ def test_check_connects_and_reports_what_it_would_load(
     assert main(["check", "--config", str(config)]) == 1
     err = capsys.readouterr().err
     assert f"error: mcp gone (stdio: {tmp_path / 'no-such-server'}): cannot load: " in err
+
+
+def test_m1_relative_args_resolve_against_cwd_not_the_tools_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SPEC M1 (docs/mcp.md, README): a relative path in args resolves against the mount's
+    cwd; with ``cwd: .`` that is the tools file's folder from any working directory,
+    without cwd it is toolbus's working directory, where the server is not found."""
+    folder = tmp_path / "cat"
+    (folder / "srv").mkdir(parents=True)
+    (folder / "srv" / "server.py").write_text(FAULT_SERVER.read_text())
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    mount = {
+        "name": "f",
+        "command": sys.executable,
+        "args": ["srv/server.py"],
+        "capability": "faults",
+        "include": ["a*"],
+    }
+    config = _catalog_dir(folder, [{**mount, "cwd": "."}], [])
+    assert main(["check", "--config", str(config)]) == 0
+    assert "mcp f (stdio): 1 tool(s): f_add\n" in capsys.readouterr().out
+    config = _catalog_dir(folder, [mount], [])
+    assert main(["check", "--config", str(config)]) == 1
+    assert f"error: mcp f (stdio: {sys.executable}): cannot load: " in capsys.readouterr().err
