@@ -64,13 +64,16 @@ class Admission:
 
         Refusals for limits and duplicate in-flight ids are ``error`` replies, not call
         outcomes: the call never started, so the client may retry the same ``call_id``.
-        A ``call_id`` that already finished gets its recorded terminal event again. A
-        call of a tool absent from the session's catalog is admitted without asking the
-        principal's ledger (SPEC C3: that tool does not exist for it; it ends
-        ``unknown_tool`` in :meth:`CallChecks.lookup`). A ``call_id`` the principal used in another
-        session (SPEC I15) attaches to that call or gets its recorded outcome; with
-        another tool or other parameters it is refused ``call_id_conflict``. Either way
-        the tool does not run again.
+        Every ``invoke`` past a duplicate in-flight id and a store that cannot commit
+        takes a token of the session's rate (SPEC E2), a re-send, an attach and one
+        then refused ``too_many_inflight`` too. A ``call_id`` that already finished
+        gets its recorded terminal event again. A call of a tool absent from the
+        session's catalog is admitted without asking the principal's ledger (SPEC C3:
+        that tool does not exist for it; it ends ``unknown_tool`` in
+        :meth:`CallChecks.lookup`). A ``call_id`` the principal used in another session
+        (SPEC I15) attaches to that call or gets its recorded outcome; with another
+        tool or other parameters it is refused ``call_id_conflict``. Either way the
+        tool does not run again.
 
         Returns:
             The admitted call, staged ``running`` and opened in the ledger (a call of a
@@ -86,6 +89,11 @@ class Admission:
             # stored. Nothing ran, so the client may re-send the same call_id later.
             text = "the store cannot commit right now; try again later"
             self._refuse(session, msg, ErrorCode.UNAVAILABLE, text)
+            return None
+        if not session.bucket.take(time.monotonic()):
+            # SPEC E2: before the re-send and ledger paths, each of which costs a store
+            # read (and a re-send a commit): a flood of them is bounded like new calls.
+            self._refuse(session, msg, ErrorCode.RATE_LIMITED, "invoke rate limit reached")
             return None
         params = dict(msg.params or {})
         if call_id in session.done_calls:
@@ -134,9 +142,6 @@ class Admission:
         kept out of the ledger (:attr:`Call.in_ledger`, SPEC C3)."""
         if len(session.inflight) + session.promoted >= self.limits.max_inflight_calls:
             self._refuse(session, msg, ErrorCode.TOO_MANY_INFLIGHT, "too many calls in flight")
-            return None
-        if not session.bucket.take(time.monotonic()):
-            self._refuse(session, msg, ErrorCode.RATE_LIMITED, "invoke rate limit reached")
             return None
         call_id = msg.call_id
         call = Call(session, call_id, msg.tool, params, time.perf_counter())
