@@ -13,7 +13,7 @@ the call through :class:`~gateway.call_end.CallEnd`.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from catalog.exports import suggest
 from catalog.model import Mode, ToolDef
@@ -21,7 +21,7 @@ from catalog.params import Violation
 from catalog.visibility import Scope, check_access
 from gateway.call_end import Call, CallEnd
 from gateway.config import LimitsConfig
-from gateway.ledger import CallLedger, Verdict, deliver
+from gateway.ledger import CallLedger, Check, Verdict, deliver
 from gateway.metrics import Metrics
 from gateway.session import Session
 from protocol import messages as m
@@ -60,18 +60,25 @@ class Admission:
         self.metrics = metrics
 
     def admit(self, session: Session, msg: m.Invoke) -> Call | None:
-        """Admit an ``invoke`` or refuse it at once (SPEC E2, I12, I15).
+        """Admit an ``invoke`` or refuse it at once (SPEC E2, I12, I15, C3).
 
         Refusals for limits and duplicate in-flight ids are ``error`` replies, not call
         outcomes: the call never started, so the client may retry the same ``call_id``.
-        A ``call_id`` that already finished gets its recorded terminal event again. A
-        ``call_id`` the principal used in another session (SPEC I15) attaches to that
-        call or gets its recorded outcome; with another tool or other parameters it is
-        refused ``call_id_conflict``. Either way the tool does not run again.
+        Every ``invoke`` past a duplicate in-flight id and a store that cannot commit
+        takes a token of the session's rate (SPEC E2), a re-send, an attach and one
+        then refused ``too_many_inflight`` too. A ``call_id`` that already finished
+        gets its recorded terminal event again. A call of a tool absent from the
+        session's catalog is admitted without asking the principal's ledger (SPEC C3:
+        that tool does not exist for it; it ends ``unknown_tool`` in
+        :meth:`CallChecks.lookup`). A ``call_id`` the principal used in another session
+        (SPEC I15) attaches to that call or gets its recorded outcome; with another
+        tool or other parameters it is refused ``call_id_conflict``. Either way the
+        tool does not run again.
 
         Returns:
-            The admitted call, staged ``running`` and opened in the ledger; the caller
-            starts it. ``None`` when it was refused or answered here.
+            The admitted call, staged ``running`` and opened in the ledger (a call of a
+            tool outside the catalog: neither); the caller starts it. ``None`` when it
+            was refused or answered here.
         """
         call_id = msg.call_id
         if call_id in session.inflight:
@@ -82,6 +89,11 @@ class Admission:
             # stored. Nothing ran, so the client may re-send the same call_id later.
             text = "the store cannot commit right now; try again later"
             self._refuse(session, msg, ErrorCode.UNAVAILABLE, text)
+            return None
+        if not session.bucket.take(time.monotonic()):
+            # SPEC E2: before the re-send and ledger paths, each of which costs a store
+            # read (and a re-send a commit): a flood of them is bounded like new calls.
+            self._refuse(session, msg, ErrorCode.RATE_LIMITED, "invoke rate limit reached")
             return None
         params = dict(msg.params or {})
         if call_id in session.done_calls:
@@ -94,6 +106,11 @@ class Admission:
                 return None
             # SPEC I15: past its window the id is new again, the session's record too.
             del session.done_calls[call_id]
+        if msg.tool not in session.catalog_names:
+            # SPEC C3, I1 before I15: the principal's record of this call id (another
+            # session's call of a tool this one cannot see) is neither delivered nor
+            # attached to, nor is the key taken: the call ends unknown_tool (lookup).
+            return self._start(session, msg, params, None)
         check = self.ledger.check(session, call_id, msg.tool, params)
         if check.verdict is Verdict.RECORDED and self._own_still_running(session, call_id):
             # SPEC I12, N3: this session's own call ended on another node, and its
@@ -115,13 +132,22 @@ class Admission:
         if check.verdict is not Verdict.NEW:
             self._known(session, msg, check.verdict, check.outcome)
             return None
+        return self._start(session, msg, params, check)
+
+    def _start(
+        self, session: Session, msg: m.Invoke, params: dict[str, Any], check: Check | None
+    ) -> Call | None:
+        """The call to run, past the in-flight limit (SPEC E2); ``check``: the ledger's
+        ``NEW``, whose key it opens; ``None``: a tool outside the session's catalog,
+        kept out of the ledger (:attr:`Call.in_ledger`, SPEC C3)."""
         if len(session.inflight) + session.promoted >= self.limits.max_inflight_calls:
             self._refuse(session, msg, ErrorCode.TOO_MANY_INFLIGHT, "too many calls in flight")
             return None
-        if not session.bucket.take(time.monotonic()):
-            self._refuse(session, msg, ErrorCode.RATE_LIMITED, "invoke rate limit reached")
-            return None
+        call_id = msg.call_id
         call = Call(session, call_id, msg.tool, params, time.perf_counter())
+        if check is None:
+            call.in_ledger = False
+            return call
         call.params_size = check.params_size
         session.store.stage_call(session.id, call_id, "running", encode_json({"tool": msg.tool}))
         self.ledger.open(session, call_id, msg.tool, check.params_hash, journal=True)
@@ -191,8 +217,10 @@ class CallChecks:
 
     def lookup(self, call: Call) -> ToolDef | None:
         """SPEC I1, C3: a tool absent from the session's catalog does not exist for it;
-        the call ends ``unknown_tool``."""
-        tool = self.visible(call)
+        the call ends ``unknown_tool``. So does a call admitted while it was absent
+        (:attr:`Call.in_ledger` ``False``), even if the catalog shows it by now: it was
+        never opened in the ledger, so it must not run (SPEC I15)."""
+        tool = self.visible(call) if call.in_ledger else None
         if tool is not None:
             return tool
         visible = call.session.catalog_names

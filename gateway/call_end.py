@@ -82,6 +82,10 @@ class Call:
     N6): its task ends here without a terminal event; the other node sends it."""
     frame_budget: int | None = None
     """:meth:`CallEnd.budget`, once worked out."""
+    in_ledger: bool = True
+    """Its key is open in the principal's ledger (SPEC I15); ``False`` for a call of a
+    tool outside its session's catalog (SPEC C3): it ends ``unknown_tool`` and its end
+    is recorded for its session only, never for the principal."""
     params_size: int | None = None
     """Bytes of ``params`` as JSON when admission knows them (the I15 hash is made of
     the same length); ``None``: not known, encoded when asked. Only for checks made
@@ -177,8 +181,9 @@ class CallEnd:
             fields["message"] = self.clip(call, f"the handler's value cannot be sent: {problem}")
             body = session.emit(m.CallError(call_id=call.call_id, tool=call.tool_name, **fields))
         session.call_done(call.call_id, body)
-        for waiter in self.ledger.finish(session, call.call_id, body):
-            deliver(waiter, call.call_id, body)
+        if call.in_ledger:  # SPEC C3: else another session's call may hold the key
+            for waiter in self.ledger.finish(session, call.call_id, body):
+                deliver(waiter, call.call_id, body)
         elapsed = time.perf_counter() - call.started
         self.metrics.invocation(
             outcome.value, call.tool.mode.value if call.tool else "none", elapsed

@@ -43,6 +43,8 @@ __all__ = [
     "Refused",
     "bucket_factory",
     "count_close",
+    "drop_replaced",
+    "held",
     "refuse_unavailable",
 ]
 
@@ -205,31 +207,31 @@ class ConnectionHandler:
 
     def _handle(self, received: m.ClientMessage | ProtocolError | Ignored) -> bool:
         """Answer one received message; ``False`` when the connection takes no more."""
+        if (session := self.session) is None or session.link is not self.link:
+            return drop_replaced(received, self.state, self.log)  # SPEC D4, N2
         if isinstance(received, Ignored):
             return True
         if isinstance(received, ProtocolError):
-            return self._protocol_error(received)
+            return self._protocol_error(received, session)
         if self._debug:
             self.log.debug("received %s", received.type)  # the type only, never payloads
         try:
             self.BY_CLASS[type(received)](self, received)
         except StoreUnavailable as exc:
-            refuse_unavailable(self.s, received, exc, self.parts.metrics, self.log)
+            refuse_unavailable(session, received, exc, self.parts.metrics, self.log)
         # A closed link (slow consumer, writer failure) takes no more requests: their
         # events would pile up in a log nobody reads (SPEC D5).
         return not (self.state.state is State.CLOSING or self.link.closed)
 
-    def _protocol_error(self, error: ProtocolError) -> bool:
+    def _protocol_error(self, error: ProtocolError, session: Session) -> bool:
         """Answer or close for one protocol error (SPEC E1); ``False`` when closing."""
         if error.close is not None:
             self._fail(error)
             return False
         self.parts.metrics.errors.labels(error.code.value).inc()
-        frame = encode(m.Error(id=error.request_id, code=error.code, message=error.message))
-        if self.session is not None:
-            self.session.emit_raw(frame)
-        else:
-            self.link.push(frame)
+        session.emit_raw(
+            encode(m.Error(id=error.request_id, code=error.code, message=error.message))
+        )
         return True
 
     def _fail(self, error: ProtocolError, close: CloseCode | None = None) -> None:
@@ -276,7 +278,7 @@ class ConnectionHandler:
         return self.session
 
     def _current(self) -> Session | None:
-        return self.session
+        return held(self.session, self.link)
 
     def on_catalog_get(self, msg: m.CatalogGet) -> None:
         self.requests.catalog_get(self.s, msg)
@@ -345,6 +347,30 @@ ConnectionHandler.BY_CLASS = {
 ConnectionHandler.TABLE = {
     type_name(cls): func.__name__ for cls, func in ConnectionHandler.BY_CLASS.items()
 }
+
+
+def held(session: Session | None, link: Link) -> Session | None:
+    """``session`` while the socket of ``link`` holds it, else ``None`` (SPEC D4, N2): a
+    resume on another socket took it over, or ``bye`` ended it. A late reply to this
+    socket's request (``job.cancel``) never goes to the socket that took it over."""
+    return session if session is not None and session.link is link else None
+
+
+def drop_replaced(
+    received: m.ClientMessage | ProtocolError | Ignored,
+    state: Connection,
+    log: logging.LoggerAdapter[logging.Logger],
+) -> bool:
+    """SPEC D4, N2: a frame from a socket whose session a resume took over (its link is
+    no longer the session's and is being closed 4000). Nothing such a socket sends acts
+    on the session any more, whatever it is (``invoke``, ``tool.confirm``, ``ack``,
+    ``context.update``, ``bye``...): the frame is dropped unanswered, because the 4000
+    close already tells the client, a reply through the session could only reach its
+    new socket, and the closing link takes no more frames. Returns ``False``: the
+    socket reads nothing more."""
+    log.info("%s from a replaced socket dropped (SPEC D4)", getattr(received, "type", "frame"))
+    state.start_closing()
+    return False
 
 
 def count_close(ws: Socket, metrics: Metrics) -> None:

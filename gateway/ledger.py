@@ -365,7 +365,11 @@ def _unstarted(row: LedgerRow) -> bool:
 def deliver(session: Session, call_id: str, outcome: bytes) -> None:
     """Give ``session`` a terminal event recorded in another session (SPEC I15): it is
     emitted anew under the session's next seq, logged and recorded for the session's
-    own re-sends (SPEC I12)."""
+    own re-sends (SPEC I12). A session that has a terminal event for ``call_id``
+    already (it re-sent the call once the tool left its catalog, SPEC C3) gets no
+    second one (SPEC I12)."""
+    if call_id in session.done_calls:
+        return
     message = SERVER_ADAPTER.validate_python(decode_json(outcome))
     assert isinstance(message, (m.Result, m.Dispatched, m.CallError)), "a terminal reply"
     session.done_calls[call_id] = None

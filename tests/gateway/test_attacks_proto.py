@@ -143,29 +143,31 @@ async def test_c3_i15_a_profile_without_the_tool_never_gets_its_outcome(
     for any call of that tool from this session. Seen: the ledger answers first, and
     the readonly session gets the write tool's recorded ``result`` (or is attached to
     the running call and gets it when it ends)."""
-    async with running(settings_for(tmp_path)) as gw:
-        async with peer(gw, options={"confirm_tool_calls": when == "running"}) as demo:
-            await demo.invoke("n1", "notes_create", NOTE)
+    async with (
+        running(settings_for(tmp_path)) as gw,
+        peer(gw, options={"confirm_tool_calls": when == "running"}) as demo,
+    ):
+        await demo.invoke("n1", "notes_create", NOTE)
+        if when == "running":
+            start = await demo.expect("tool_start", call_id="n1")
+            assert start.get("approval_id")
+        else:
+            assert (await demo.terminal("n1"))["type"] == "result"
+        async with peer(gw, profile="readonly") as ro:
+            names = {t["name"] for t in (await ro.expect("catalog"))["tools"]}
+            assert "notes_create" not in names
+            await ro.invoke("n0", "notes_create", NOTE)
+            own = await _answer(ro, "n0")
+            assert (own["type"], own.get("code")) == ("call.error", "unknown_tool")
+            await ro.invoke("n1", "notes_create", NOTE)
             if when == "running":
-                start = await demo.expect("tool_start", call_id="n1")
-                assert start.get("approval_id")
-            else:
-                assert (await demo.terminal("n1"))["type"] == "result"
-            async with peer(gw, profile="readonly") as ro:
-                names = {t["name"] for t in (await ro.expect("catalog"))["tools"]}
-                assert "notes_create" not in names
-                await ro.invoke("n0", "notes_create", NOTE)
-                own = await _answer(ro, "n0")
-                assert (own["type"], own.get("code")) == ("call.error", "unknown_tool")
-                await ro.invoke("n1", "notes_create", NOTE)
-                if when == "running":
-                    await asyncio.sleep(100 * MS)
-                    approval = start["approval_id"]
-                    await demo.send(
-                        {"type": "tool.confirm", "approval_id": approval, "decision": "allow"}
-                    )
-                reply = await _answer(ro, "n1")
-                assert (reply["type"], reply.get("code")) == ("call.error", "unknown_tool"), reply
+                await asyncio.sleep(100 * MS)
+                approval = start["approval_id"]
+                await demo.send(
+                    {"type": "tool.confirm", "approval_id": approval, "decision": "allow"}
+                )
+            reply = await _answer(ro, "n1")
+            assert (reply["type"], reply.get("code")) == ("call.error", "unknown_tool"), reply
 
 
 async def test_e2_re_sends_of_a_finished_call_are_rate_limited_too(tmp_path: Path) -> None:
