@@ -135,7 +135,8 @@ class LimitsConfig(_Section):
     """Calls running or awaiting approval at once, per session (SPEC E2); a call promoted
     to a job (SPEC I14) counts until its handler returns."""
     invoke_rate: float = Field(50.0, gt=0)
-    """Sustained invokes per second per session (token bucket, SPEC E2)."""
+    """Sustained invokes per second per session, re-sends and attaches included (token
+    bucket, SPEC E2)."""
     invoke_burst: int = Field(100, ge=1)
     """Invokes a session may send at once before the rate applies."""
     max_sessions_per_user: int = Field(20, ge=1)
