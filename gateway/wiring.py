@@ -402,6 +402,7 @@ def build_gateway(
         sessions,
         catalog,
         pipeline,
+        jobs,
         HostAsker(approvals, elicitations, clock),
         authority,
         bucket,

@@ -22,6 +22,7 @@ MCP protocol code is written here.
   ``decline`` (:class:`gateway.mcp.approve.HostAsker`). An async tool's job is awaited,
   its ``job.progress`` forwarded as ``notifications/progress``; no MCP task is offered
   (the SDK serves no ``tasks/*`` method), and a ``task`` in the request is ignored.
+  Cancelling the request (``notifications/cancelled``) cancels the call and its job.
 - A catalog pushed to an internal session (SPEC C3) sends ``tools/list_changed`` to
   every MCP client, whatever version it negotiated (:class:`gateway.mcp.notify.ListChanged`).
 - Internal sessions are not the user's sockets: they do not count against
@@ -54,6 +55,7 @@ from catalog.visibility import visible_tools
 from gateway.auth import Authenticator, Identity
 from gateway.authority import Authority
 from gateway.catalog_state import CatalogState
+from gateway.jobs import JobRunner
 from gateway.mcp.admit import HttpAdmission
 from gateway.mcp.approve import HostAsker, Parked
 from gateway.mcp.notify import ListChanged, ListChangedServer
@@ -139,6 +141,7 @@ class McpEndpoint:
         sessions: where the internal sessions live.
         catalog: the catalog (SPEC C3).
         pipeline: runs calls (SPEC I1-I16).
+        jobs: runs the jobs of async tools, cancelled with their request (SPEC J3, M4).
         asker: asks approvals and mounted servers' questions through MCP elicitation
             (SPEC A3, A5, M3).
         authority: binds each internal session's credential (SPEC S6).
@@ -154,6 +157,7 @@ class McpEndpoint:
         sessions: SessionTable,
         catalog: CatalogState,
         pipeline: Pipeline,
+        jobs: JobRunner,
         asker: HostAsker,
         authority: Authority,
         bucket: Callable[[], TokenBucket],
@@ -166,6 +170,7 @@ class McpEndpoint:
         self.sessions = sessions
         self.catalog = catalog
         self.pipeline = pipeline
+        self.jobs = jobs
         self.asker = asker
         """Approvals and mounted servers' questions asked through MCP elicitation
         (SPEC A3, A5, M3)."""
@@ -312,11 +317,21 @@ class McpEndpoint:
         except BaseException:
             # Cancelled (``notifications/cancelled``) or failed: nobody reads this call
             # any more (SPEC M4, I8; A4: its slots are freed).
-            self.pipeline.cancel(session, call_id)
+            self._cancel(session, call_id)
             raise
         finally:
             if not parked:
                 link.waiters.pop(call_id, None)
+
+    def _cancel(self, session: Session, call_id: str) -> None:
+        """SPEC M3, M4, I8, J3: a cancelled ``tools/call`` cancels its toolbus call and
+        the job it started (an async tool's, or a promoted call's: its request waits
+        for that job, and has no job id to cancel it by)."""
+        self.pipeline.cancel(session, call_id)
+        # A scan of the active jobs, for a cancelled request only (not a hot path).
+        for job_id, job in list(self.jobs.active.items()):
+            if job.row.call_id == call_id and job.row.session_id == session.id:
+                self.jobs.cancel(job_id)
 
     async def _on_frame(
         self, ctx: ServerRequestContext[Any], link: _Frames, call_id: str, frame: dict[str, Any]
