@@ -41,6 +41,7 @@ from gateway.job_recovery import JobRecovery
 from gateway.jobs import JobRunner
 from gateway.ledger import CallLedger
 from gateway.loops import ServerLoops
+from gateway.mcp.approve import HostAsker
 from gateway.mcp.elicit import Elicitations
 from gateway.mcp.mounts import McpMounts
 from gateway.mcp.route import McpHttp
@@ -401,7 +402,8 @@ def build_gateway(
         sessions,
         catalog,
         pipeline,
-        approvals,
+        jobs,
+        HostAsker(approvals, elicitations, clock),
         authority,
         bucket,
         clock,

@@ -17,10 +17,12 @@ MCP protocol code is written here.
 - ``tools/call`` is an ``invoke`` through the same pipeline as a WebSocket's (SPEC I1-I16:
   gates, hooks, audit, the I15 ledger with call id ``mcp:<mcp-session>:<request-id>``).
   An approval is asked with MCP elicitation when the client declared it, else the call
-  is denied and ends with the A5 declined result
-  (:class:`gateway.mcp.approve.ApprovalAsker`). An async tool's job is awaited, its
-  ``job.progress`` forwarded as ``notifications/progress``; no MCP task is offered (the
-  SDK serves no ``tasks/*`` method), and a ``task`` in the request is ignored.
+  is denied and ends with the A5 declined result; a mounted MCP server's question during
+  the call (``elicit.request``, SPEC M3) is asked the same way, else answered
+  ``decline`` (:class:`gateway.mcp.approve.HostAsker`). An async tool's job is awaited,
+  its ``job.progress`` forwarded as ``notifications/progress``; no MCP task is offered
+  (the SDK serves no ``tasks/*`` method), and a ``task`` in the request is ignored.
+  Cancelling the request (``notifications/cancelled``) cancels the call and its job.
 - A catalog pushed to an internal session (SPEC C3) sends ``tools/list_changed`` to
   every MCP client, whatever version it negotiated (:class:`gateway.mcp.notify.ListChanged`).
 - Internal sessions are not the user's sockets: they do not count against
@@ -51,12 +53,12 @@ from catalog.exports import to_mcp_carried
 from catalog.model import Mode
 from catalog.visibility import Scope as Visibility
 from catalog.visibility import visible_tools
-from gateway.approvals import Approvals
 from gateway.auth import Authenticator, Identity
 from gateway.authority import Authority
 from gateway.catalog_state import CatalogState
+from gateway.jobs import JobRunner
 from gateway.mcp.admit import HttpAdmission
-from gateway.mcp.approve import ApprovalAsker
+from gateway.mcp.approve import HostAsker, Parked
 from gateway.mcp.notify import ListChanged, ListChangedServer
 from gateway.pipeline import Pipeline
 from gateway.session import Session, SessionTable, TokenBucket
@@ -69,6 +71,9 @@ logger = logging.getLogger("gateway.mcp.serve")
 
 _Principal = tuple[Identity, str, str]
 """(identity, profile name, credential) of one authenticated request."""
+
+_TERMINAL = frozenset({"result", "call.error", "error", "job.done", "job.failed", "job.cancelled"})
+"""Frame types that end a ``tools/call`` (SPEC I12, J4)."""
 
 
 class _Frames:
@@ -88,9 +93,9 @@ class _Frames:
         self.credential = ""
         """The credential the session is bound to now (SPEC S6)."""
         self.waiters: dict[str, asyncio.Queue[dict[str, Any]]] = {}
-        self.parked: dict[str, tuple[str, str]] = {}
-        """``request_state`` -> (call id, approval id) of approvals asked by an
-        ``InputRequiredResult`` and not answered yet."""
+        self.parked: Parked = {}
+        """``request_state`` -> the approval or mounted server's question asked by an
+        ``InputRequiredResult`` and not answered yet (SPEC A3, M3)."""
 
     def push(self, data: bytes) -> None:
         self.push_many([data])
@@ -107,15 +112,21 @@ class _Frames:
             queue = self.waiters.get(call_id)
             if queue is not None:
                 queue.put_nowait(frame)
-            if frame.get("type") == "catalog" and frame.get("reason") != "initial":
+            kind = frame.get("type")
+            if kind == "catalog" and frame.get("reason") != "initial":
                 self._on_change()  # SPEC C3 -> MCP list_changed
-            elif frame.get("type") == "tool.resolved":
-                # Timed out or cancelled before the retry came: no one reads this call
-                # any more, and a retry for it is refused.
-                for state, (parked_call, _) in list(self.parked.items()):
-                    if parked_call == call_id:
-                        del self.parked[state]
-                        self.waiters.pop(call_id, None)
+            elif kind == "tool.resolved" or kind in _TERMINAL:
+                # An approval timed out or cancelled, or a call ended (its question
+                # answered ``cancel`` at its deadline), before the retry came: no one
+                # reads this call any more, and a retry for it is refused (SPEC A4, M3).
+                self._unpark(call_id)
+
+    def _unpark(self, call_id: str) -> None:
+        """Forget the parked questions of ``call_id`` and, if it had any, its reader."""
+        for state, asked in list(self.parked.items()):
+            if asked.call_id == call_id:
+                del self.parked[state]
+                self.waiters.pop(call_id, None)
 
     def slow_consumer(self, why: str) -> None:
         """Never slow: frames are read as they are pushed."""
@@ -132,7 +143,9 @@ class McpEndpoint:
         sessions: where the internal sessions live.
         catalog: the catalog (SPEC C3).
         pipeline: runs calls (SPEC I1-I16).
-        approvals: answered from elicitation results (SPEC A3).
+        jobs: runs the jobs of async tools, cancelled with their request (SPEC J3, M4).
+        asker: asks approvals and mounted servers' questions through MCP elicitation
+            (SPEC A3, A5, M3).
         authority: binds each internal session's credential (SPEC S6).
         bucket: a new session's invoke token bucket (SPEC E2).
         clock: Unix time in seconds.
@@ -146,7 +159,8 @@ class McpEndpoint:
         sessions: SessionTable,
         catalog: CatalogState,
         pipeline: Pipeline,
-        approvals: Approvals,
+        jobs: JobRunner,
+        asker: HostAsker,
         authority: Authority,
         bucket: Callable[[], TokenBucket],
         clock: Callable[[], float],
@@ -158,8 +172,10 @@ class McpEndpoint:
         self.sessions = sessions
         self.catalog = catalog
         self.pipeline = pipeline
-        self.asker = ApprovalAsker(approvals)
-        """Approvals asked through MCP elicitation (SPEC A3, A5)."""
+        self.jobs = jobs
+        self.asker = asker
+        """Approvals and mounted servers' questions asked through MCP elicitation
+        (SPEC A3, A5, M3)."""
         self.authority = authority
         self.bucket = bucket
         self.clock = clock
@@ -313,12 +329,24 @@ class McpEndpoint:
                 if done is not None:
                     parked = isinstance(done, types.InputRequiredResult)
                     return done
-        except asyncio.CancelledError:
-            self.pipeline.cancel(session, call_id)
+        except BaseException:
+            # Cancelled (``notifications/cancelled``) or failed: nobody reads this call
+            # any more (SPEC M4, I8; A4: its slots are freed).
+            self._cancel(session, call_id)
             raise
         finally:
             if not parked:
                 link.waiters.pop(call_id, None)
+
+    def _cancel(self, session: Session, call_id: str) -> None:
+        """SPEC M3, M4, I8, J3: a cancelled ``tools/call`` cancels its toolbus call and
+        the job it started (an async tool's, or a promoted call's: its request waits
+        for that job, and has no job id to cancel it by)."""
+        self.pipeline.cancel(session, call_id)
+        # A scan of the active jobs, for a cancelled request only (not a hot path).
+        for job_id, job in list(self.jobs.active.items()):
+            if job.row.call_id == call_id and job.row.session_id == session.id:
+                self.jobs.cancel(job_id)
 
     async def _on_frame(
         self, ctx: ServerRequestContext[Any], link: _Frames, call_id: str, frame: dict[str, Any]
@@ -327,6 +355,8 @@ class McpEndpoint:
         kind = frame["type"]
         if kind == "tool_start" and frame.get("approval_id"):
             return await self.asker.ask(ctx, link.session, link.parked, call_id, frame)
+        if kind == "elicit.request":  # SPEC M3: a mounted server asks the call's user
+            return await self.asker.forward(ctx, link.session, link.parked, call_id, frame)
         if kind == "result":
             return _result(frame["result"])
         if kind == "job.done":

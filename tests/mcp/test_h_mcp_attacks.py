@@ -102,14 +102,16 @@ async def test_h_m4_m3_mounted_elicitation_from_an_mcp_call_is_not_left_hanging(
         )
 
     settings = mcp_settings(tmp_path, [asker_mount()], calls={"approval_timeout": 6})
-    async with running(settings) as gw:
-        async with mcp_client(gw, "alice-token", "demo", elicitation_callback=elicit, mode=mode) as host:
-            async with asyncio.timeout(WAIT):
-                while "asker_ask" not in {t.name for t in (await host.list_tools()).tools}:
-                    await asyncio.sleep(0.05)
-            started = time.monotonic()
-            answer = await asyncio.wait_for(host.call_tool("asker_ask", {"topic": "lunch"}), WAIT)
-            took = time.monotonic() - started
+    async with (
+        running(settings) as gw,
+        mcp_client(gw, "alice-token", "demo", elicitation_callback=elicit, mode=mode) as host,
+    ):
+        async with asyncio.timeout(WAIT):
+            while "asker_ask" not in {t.name for t in (await host.list_tools()).tools}:  # noqa: ASYNC110
+                await asyncio.sleep(0.05)  # the mount connects after the gateway starts
+        started = time.monotonic()
+        answer = await asyncio.wait_for(host.call_tool("asker_ask", {"topic": "lunch"}), WAIT)
+        took = time.monotonic() - started
     assert took < 3, (took, asked, answer)
     assert asked, "the host's elicitation callback was never asked"
 
@@ -135,22 +137,21 @@ async def test_h_m4_cancelled_mcp_request_of_an_async_tool_cancels_its_job(
         dispatched.set()
 
     settings = settings_for(tmp_path, jobs={"progress_interval": 0})
-    async with running(settings) as gw:
-        async with mcp_client(gw, "bob-token", mode="legacy") as host:
-            call = asyncio.create_task(
-                host.call_tool("report", {"topic": "x"}, progress_callback=progress)
-            )
-            await asyncio.wait_for(dispatched.wait(), WAIT)
-            call.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await call
+    async with running(settings) as gw, mcp_client(gw, "bob-token", mode="legacy") as host:
+        call = asyncio.create_task(
+            host.call_tool("report", {"topic": "x"}, progress_callback=progress)
+        )
+        await asyncio.wait_for(dispatched.wait(), WAIT)
+        call.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await call
 
-            def ended() -> bool:
-                rows = gw.store.jobs("bob", None, None, 10)
-                return bool(rows) and rows[0].state in ("done", "failed", "cancelled")
+        def ended() -> bool:
+            rows = gw.store.jobs("bob", None, None, 10)
+            return bool(rows) and rows[0].state in ("done", "failed", "cancelled")
 
-            await eventually(ended, "the job ended")
-            [row] = gw.store.jobs("bob", None, None, 10)
+        await eventually(ended, "the job ended")
+        [row] = gw.store.jobs("bob", None, None, 10)
     assert row.state == "cancelled", row.state
 
 
@@ -345,7 +346,9 @@ async def test_h_m4_a4_an_elicitation_error_from_the_host_leaves_no_pending_appr
     settings = settings_for(tmp_path, limits={"max_pending_approvals": 2})
     async with running(settings) as gw:
         for note in (1, 2):
-            async with mcp_client(gw, "bob-token", elicitation_callback=broken, mode="legacy") as host:
+            async with mcp_client(
+                gw, "bob-token", elicitation_callback=broken, mode="legacy"
+            ) as host:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(host.call_tool("notes_delete", {"note_id": note}), WAIT)
         await asyncio.sleep(0.5)
@@ -354,7 +357,9 @@ async def test_h_m4_a4_an_elicitation_error_from_the_host_leaves_no_pending_appr
             made = await host.call_tool("notes_create", {"title": "t", "body": "b"})
             assert isinstance(made.structured_content, dict)
             note_id = made.structured_content["note_id"]
-            third = await asyncio.wait_for(host.call_tool("notes_delete", {"note_id": note_id}), WAIT)
+            third = await asyncio.wait_for(
+                host.call_tool("notes_delete", {"note_id": note_id}), WAIT
+            )
     assert stuck == [], stuck
     assert asked, _text(third)
     assert third.is_error is False, _text(third)
@@ -503,21 +508,23 @@ async def test_h_m3_i8_a_cancelled_calls_question_is_settled_with_the_call(tmp_p
         await never.wait()  # the user is still reading; answered later by id
         raise AssertionError("unreachable")
 
-    async with running(mcp_settings(tmp_path, [mount])) as gw:
-        async with client(gw, on_elicitation=hold) as bus:
-            await has_tools(bus, "ev_trigger-elicitation-request")
-            call = asyncio.ensure_future(
-                bus.invoke("ev_trigger-elicitation-request", {}, call_id="e1")
-            )
-            req = await asyncio.wait_for(asked.get(), WAIT)
-            await bus.cancel("e1")
-            with pytest.raises(toolbus.Cancelled):
-                await asyncio.wait_for(call, WAIT)
-            await asyncio.sleep(1.0)
-            pending = len(gw.parts.elicitations._pending)
-            late = await bus.answer_elicitation(
-                req.elicitation_id, m.ElicitAction.ACCEPT, {"name": "Ada"}
-            )
+    async with (
+        running(mcp_settings(tmp_path, [mount])) as gw,
+        client(gw, on_elicitation=hold) as bus,
+    ):
+        await has_tools(bus, "ev_trigger-elicitation-request")
+        call = asyncio.ensure_future(
+            bus.invoke("ev_trigger-elicitation-request", {}, call_id="e1")
+        )
+        req = await asyncio.wait_for(asked.get(), WAIT)
+        await bus.cancel("e1")
+        with pytest.raises(toolbus.Cancelled):
+            await asyncio.wait_for(call, WAIT)
+        await asyncio.sleep(1.0)
+        pending = len(gw.parts.elicitations._pending)
+        late = await bus.answer_elicitation(
+            req.elicitation_id, m.ElicitAction.ACCEPT, {"name": "Ada"}
+        )
     assert (pending, late.accepted) == (0, False), (pending, late)
 
 

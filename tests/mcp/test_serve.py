@@ -28,7 +28,7 @@ from gateway.demo import handlers
 from gateway.mcp.serve import _log_left_out
 from gateway.server import Gateway
 from tests.gateway.tools_for_tests import audit_records
-from tests.mcp.support import reloading_catalog
+from tests.mcp.support import eventually, reloading_catalog
 from tests.support import CONVERT, MS, WAIT, peer, running, settings_for
 
 
@@ -380,3 +380,34 @@ def test_a_tool_left_out_of_tools_list_is_logged_once(caplog: pytest.LogCaptureF
             _log_left_out([finding], logged)
     [record] = caplog.records
     assert record.getMessage().startswith("tool h_pick left out of /mcp tools/list: h_pick: mcp")
+
+
+async def test_m4_j3_cancelled_mcp_request_of_a_promoted_call_cancels_its_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SPEC M4, I14, J3, I8: a sync call promoted to a job while the host waits; the host
+    cancels the request (it has no job id) and the job ends ``cancelled``."""
+    monkeypatch.setattr(handlers, "SLOW_LOOKUP_SECONDS", 30.0)
+    dispatched = asyncio.Event()
+
+    async def progress(progress: float, total: float | None, message: str | None) -> None:
+        dispatched.set()
+
+    async with running(settings_for(tmp_path)) as gw, mcp_client(gw, "bob-token") as host:
+        call = asyncio.create_task(
+            host.call_tool("slow_lookup", {"query": "q"}, progress_callback=progress)
+        )
+        await asyncio.wait_for(dispatched.wait(), WAIT)
+        call.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await call
+
+        def ended() -> bool:
+            rows = gw.store.jobs("bob", None, None, 10)
+            return bool(rows) and rows[0].state not in ("queued", "running")
+
+        await eventually(ended, "the job ended")
+        rows = gw.store.jobs("bob", None, None, 10)
+        left = _waiting(gw)
+    assert [r.state for r in rows] == ["cancelled"]
+    assert left == (0, 0)
