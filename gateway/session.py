@@ -33,6 +33,10 @@ INTERNAL_PREFIX = "m_"
 socket's session ids start ``s_``. The prefix survives a restart in the stored row."""
 
 
+BYE_REFUSED = "the store cannot record the end of the session now; it stays open"
+"""SPEC D6: the ``unavailable`` answer of a ``bye`` the store cannot make durable."""
+
+
 @dataclass(slots=True)
 class TokenBucket:
     """Invoke rate limit (SPEC E2): ``rate`` tokens per second, at most ``burst`` saved."""
@@ -416,8 +420,23 @@ class SessionTable:
         self._on_end(session)
         self.outbox.flush()
         self.store.delete_session(session.id)
-        # Committed now (a deletion is never journaled): a crash right after a `bye`
-        # must not bring the session back at the next start (SPEC D2). A store that
-        # cannot commit keeps it staged for the next commit (D6).
-        self.outbox.commit()
+        # Committed now: a crash right after a `bye` must not bring the session back at
+        # the next start (SPEC D2). While commits fail, the deletion is journaled on its
+        # own (SPEC D6) and stays staged for the next commit.
+        if not self.outbox.commit() and not self.store.journal_delete(session.id):
+            logger.warning("session %s ended; its deletion waits for the store", session.id)
+            return
         logger.info("session %s ended", session.id)
+
+    def bye(self, session: Session) -> bool:
+        """End ``session`` for a ``bye`` (SPEC A4) when that end can be made durable now
+        (SPEC D2, D6): the store journals it (:meth:`Store.journal_delete
+        <gateway.store.Store.journal_delete>`, even while commits fail), or a commit of
+        what is staged succeeded. ``False``: nothing ended (a store without a journal
+        that cannot commit); the caller answers ``unavailable`` :data:`BYE_REFUSED` and
+        the session stays as it was, as the client is told."""
+        if not (self.store.journals or self.outbox.commit()):
+            logger.warning("bye of session %s refused: the store cannot commit", session.id)
+            return False
+        self.end(session)
+        return True
