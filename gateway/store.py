@@ -147,8 +147,9 @@ class Store(Protocol):
         (:meth:`gateway.jobs.JobRunner._execute`)."""
 
     def journal_session(self, row: SessionRow) -> bool:
-        """Make the ``context`` and ``grants`` of ``row`` (just staged) survive a crash
-        without a commit, even while commits fail (SPEC A3, S5, D6): ``True`` when they
+        """Make the ``context``, ``grants`` and ``credential_ref`` of ``row`` (just
+        staged) survive a crash without a commit, even while commits fail (SPEC A3, S5,
+        S6, D6): ``True`` when they
         do (SQLite: one journal append); nothing else of the row is journaled. ``False``
         without a journal or when the append failed: the caller answers
         ``unavailable``."""
@@ -440,10 +441,11 @@ class SqliteStore(SqliteReads):
         self._intents.committed(emptying)
 
     def journal_session(self, row: SessionRow) -> bool:
-        # Not held back by a failed commit, unlike journal(): the two columns depend on
-        # no other write (store_journal.Intents.session_change).
+        # Not held back by a failed commit, unlike journal(): these columns depend on no
+        # other write (store_journal.Intents.session_change).
         values = checked(session_values(row), "session")
-        return self._intents.session_change(("a", row.session_id, values[5], values[7]))
+        change = ("a", row.session_id, values[5], values[7], row.credential_ref)
+        return self._intents.session_change(change)
 
     def journal_delete(self, session_id: str) -> bool:
         return self._intents.session_change(("d", session_id))

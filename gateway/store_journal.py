@@ -394,7 +394,7 @@ def _left_beside_a_link(given: str, path: Path) -> bool:
     return stat.S_ISREG(found.st_mode) and found.st_size > 0
 
 
-_WRITES = {"e": 3, "q": 4, "c": 4, "f": 2, "l": 8, "j": 17, "s": 15, "a": 3, "d": 1}
+_WRITES = {"e": 3, "q": 4, "c": 4, "f": 2, "l": 8, "j": 17, "s": 15, "a": 4, "d": 1}
 """A batch entry's writes by kind, with their number of values:
 ``["e", session_id, seq, body]`` an event; ``["q", session_id, last_seq, acked_seq,
 floor_seq]`` a session's counters; ``["c", session_id, call_id, state, body]`` a call
@@ -402,8 +402,9 @@ row; ``["f", session_id, call_id]`` a forgotten call row; ``["l", tenant, user,
 call_id, tool, params_hash, state, outcome, created_at]`` a ledger row; ``["j", ...]``
 a job row, the 17 ``jobs`` columns in their order (:func:`gateway.store_rows.job_values`);
 ``["s", ...]`` a session row, the 15 ``sessions`` columns in their order
-(:func:`gateway.store_rows.session_values`); ``["a", session_id, context, grants]`` a
-session's context and grants alone (JSON text), and ``["d", session_id]`` a session ended for good
+(:func:`gateway.store_rows.session_values`); ``["a", session_id, context, grants,
+credential_ref]`` a session's context, grants (JSON text) and credential reference
+alone, and ``["d", session_id]`` a session ended for good
 (:meth:`Intents.session_change`: journaled even while commits fail). Bodies and JSON
 columns are text (the bytes are UTF-8 JSON from :mod:`protocol.codec`)."""
 
@@ -512,8 +513,8 @@ def _apply(db: sqlite3.Connection, writes: list[Any]) -> None:
             )
         elif kind == "a":
             db.execute(
-                "UPDATE sessions SET context=?, grants=? WHERE session_id=?",
-                (_bytes(v[1]), _bytes(v[2]), v[0]),
+                "UPDATE sessions SET context=?, grants=?, credential_ref=? WHERE session_id=?",
+                (_bytes(v[1]), _bytes(v[2]), v[3], v[0]),
             )
         elif kind == "d":
             for table in ("sessions", "events", "calls"):
@@ -732,9 +733,10 @@ class Intents:
         return True
 
     def session_change(self, write: tuple[Any, ...]) -> bool:
-        """Journal one session change the client is told of (SPEC A3, S5, D2, D6) in an
-        entry of its own: ``("a", session_id, context, grants)`` (JSON bytes) or ``("d",
-        session_id)`` (:data:`_WRITES`). ``True`` once it is in the file, the commit owed.
+        """Journal one session change the client is told of (SPEC A3, S5, S6, D2, D6)
+        in an entry of its own: ``("a", session_id, context, grants, credential_ref)``
+        (JSON bytes, then text) or ``("d", session_id)`` (:data:`_WRITES`). ``True``
+        once it is in the file, the commit owed.
 
         Unlike :meth:`log`, also while commits fail: these columns, and the end of a
         session, depend on no other write, so the entry holds whatever was staged and
