@@ -220,9 +220,11 @@ class SessionRequests:
         return False
 
     def auth_refresh(self, s: Session, msg: m.AuthRefresh) -> None:
-        """SPEC S6: a refreshed credential on the open socket, or a typed refusal."""
+        """SPEC S6: a refreshed credential on the open socket, or a typed refusal;
+        SPEC D6: answered once its stored reference is durable, else ``unavailable``
+        and the old credential stands."""
         try:
-            expires_at = self.authority.refresh(s, msg.token)
+            expires_at = self.authority.refresh(s, msg.token, lambda: self._stored(s))
         except Refusal as refusal:
             self.error(s, msg.id, refusal.code, refusal.message)
             return
