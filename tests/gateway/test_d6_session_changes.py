@@ -2,8 +2,8 @@
 only once the change is durable. While SQLite commits fail (another process holds the
 file), ``context.update`` is made durable by a journal entry of its own and survives a
 SIGKILL; on a store that can make it durable neither way (no journal, commits failing),
-``context.update``, ``grants.revoke``, ``bye`` and ``job.cancel`` are refused
-``unavailable`` and nothing changes.
+``context.update``, ``grants.revoke``, ``bye``, ``auth.refresh`` and ``job.cancel`` are
+refused ``unavailable`` and nothing changes.
 """
 
 from __future__ import annotations
@@ -114,10 +114,10 @@ async def _no_journal_gateway(tmp_path: Path) -> tuple[Gateway, FlakyStore]:
 async def test_a3_a4_s5_d6_session_changes_the_store_cannot_keep_are_refused(
     tmp_path: Path,
 ) -> None:
-    """SPEC A3, A4, S5, D6: with no journal and every commit failing, ``context.update``,
-    ``grants.revoke`` and ``bye`` are answered ``unavailable`` and change nothing: the
-    context and the grant stay, the socket stays open; once commits succeed, ``bye``
-    closes 4001."""
+    """SPEC A3, A4, S5, S6, D6: with no journal and every commit failing,
+    ``context.update``, ``grants.revoke``, ``bye`` and ``auth.refresh`` are answered
+    ``unavailable`` and change nothing: the context and the grant stay, the socket stays
+    open; once commits succeed, ``auth.refresh`` is answered and ``bye`` closes 4001."""
     gw, flaky = await _no_journal_gateway(tmp_path)
     try:
         async with peer(gw) as a:
@@ -133,15 +133,19 @@ async def test_a3_a4_s5_d6_session_changes_the_store_cannot_keep_are_refused(
             await a.send({"type": "context.update", "id": "cx", "context": {"project_id": "p"}})
             await a.send({"type": "grants.revoke", "id": "rv", "tool": "notes_delete"})
             await a.send({"type": "bye", "id": "bye"})
+            await a.send({"type": "auth.refresh", "id": "ar", "token": "alice-token"})
             await a.send({"type": "grants.list", "id": "gl"})
             await a.send({"type": "context.update", "id": "now", "context": {}})
-            replies = [await _reply(a, rid) for rid in ("cx", "rv", "bye", "gl", "now")]
-            codes = [r.get("code") for r in replies[:3]]
-            assert codes == ["unavailable"] * 3, replies
-            assert replies[3]["tools"] == ["notes_delete"]
-            assert "project_id" not in replies[4]["context"]
+            ids = ("cx", "rv", "bye", "ar", "gl", "now")
+            replies = [await _reply(a, rid) for rid in ids]
+            codes = [r.get("code") for r in replies[:4]]
+            assert codes == ["unavailable"] * 4, replies
+            assert replies[4]["tools"] == ["notes_delete"]
+            assert "project_id" not in replies[5]["context"]
             flaky.failure_rate = 0.0
             await until(lambda: gw.outbox.failing_since is None, "a good commit")
+            await a.send({"type": "auth.refresh", "id": "ar2", "token": "alice-token"})
+            assert (await _reply(a, "ar2"))["type"] == "auth.refreshed"
             await a.send({"type": "bye", "id": "bye2"})
             async with asyncio.timeout(WAIT):
                 await a.ws.wait_closed()
