@@ -108,6 +108,11 @@ close. Below it, journaled flushes are committed on the ``store.settle_after`` t
 burst of a thousand job ends (about 500 KB) is sent without a commit of its rows in the
 middle of it (P5 measured 256 KiB: a 7 ms commit inside the burst, issue 13)."""
 
+CHANGES_BYTES = 8 * JOURNAL_BYTES
+"""Journal size past which a session change is no longer journaled while commits fail
+(:meth:`Intents.session_change`): an outage of hours cannot grow it without bound; the
+change is then refused ``unavailable`` (SPEC D6)."""
+
 Key = tuple[str, str, str]
 """A ledger row's key: ``(tenant, user, call_id)``."""
 
@@ -742,11 +747,12 @@ class Intents:
         session, depend on no other write, so the entry holds whatever was staged and
         lost before it. The rows it changes stay staged (the batch, and :attr:`_writes`
         for the next entry), and an entry after it that carries the session's row
-        carries the same values. ``False`` without a usable journal, or when the
-        append failed (the caller then answers ``unavailable``, SPEC D6).
+        carries the same values. ``False`` without a usable journal, past
+        :data:`CHANGES_BYTES`, or when the append failed (the caller then answers
+        ``unavailable``, SPEC D6).
         """
         journal = self.journal
-        if journal is None or not journal.usable:
+        if journal is None or not journal.usable or journal.size >= CHANGES_BYTES:
             return False
         encoded = tuple(_text(v) if isinstance(v, bytes) else v for v in write)
         line = encode_batch(self._generation + 1, [encoded])
