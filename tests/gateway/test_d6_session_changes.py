@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import random
+import shutil
+import sqlite3
 import sys
 from pathlib import Path
 from typing import Any, cast
 
+import pytest
 from websockets.asyncio.client import connect
 
 from gateway.server import Gateway
-from gateway.store import SqliteStore, Store
+from gateway.store import SessionRow, SqliteStore, Store, StoreUnavailable
 from tests.gateway import proto_tools
 from tests.gateway.store_faults import LOCKER, FlakyStore, until
 from tests.support import (
@@ -184,3 +187,50 @@ async def test_j3_d6_a_cancel_the_store_cannot_keep_is_refused_and_the_job_goes_
             assert (cancelled["type"], cancelled["job"]["state"]) == ("job", "cancelled")
     finally:
         await gw.drain()
+
+
+def _row(session_id: str, grants: list[str], context: dict[str, str]) -> SessionRow:
+    """A stored session of alice's with ``grants`` and ``context``."""
+    return SessionRow(
+        session_id, "hash", "alice", None, "demo", context, {}, grants, 0, 0, 0, 1.0, None, None
+    )
+
+
+def test_d6_session_changes_journaled_while_commits_fail_survive_a_restart(
+    tmp_path: Path,
+) -> None:
+    """SPEC D6, A3, A4, S5: while another connection holds the file's write lock (every
+    commit fails), a session's new grants and context (``journal_session``) and another
+    session's end (``journal_delete``) are journaled; a store opened on the files as
+    they are then (what a kill leaves) has both changes."""
+    path = tmp_path / "toolbus.db"
+    store = SqliteStore(path, checkpoint_interval=3600)
+    store.stage_session(_row("s_kept", ["notes_delete"], {}))
+    store.stage_session(_row("s_ended", [], {}))
+    store.commit()
+    locker = sqlite3.connect(path, isolation_level=None)
+    locker.execute("BEGIN IMMEDIATE")
+    try:
+        changed = _row("s_kept", [], {"project_id": "p7"})
+        store.stage_session(changed)
+        store.delete_session("s_ended")
+        with pytest.raises(StoreUnavailable):
+            store.commit()
+        assert store.journal_session(changed) is True
+        assert store.journal_delete("s_ended") is True
+        crashed = tmp_path / "crashed"  # the files as a kill leaves them now
+        crashed.mkdir()
+        for suffix in ("", "-wal", "-intent"):
+            shutil.copy(f"{path}{suffix}", crashed / f"toolbus.db{suffix}")
+    finally:
+        locker.execute("ROLLBACK")
+        locker.close()
+        store.close()
+    again = SqliteStore(crashed / "toolbus.db", checkpoint_interval=3600)
+    try:
+        kept = again.load_session("s_kept")
+        assert kept is not None
+        assert (kept.grants, kept.context) == ([], {"project_id": "p7"})
+        assert again.load_session("s_ended") is None
+    finally:
+        again.close()
