@@ -46,7 +46,7 @@ class SessionRequests:
         approvals: the approval registry (SPEC A3).
         elicitations: mounted MCP servers' questions (SPEC M3).
         jobs: the job runner (SPEC J3).
-        store: jobs and their rows (SPEC J3).
+        store: journals a session change while commits fail (SPEC D6); the jobs'.
         outbox: commits a session change before its answer (SPEC D6), and the jobs'.
         catalog: the catalog state (SPEC C3, S5).
         authority: credential refreshes (SPEC S6).

@@ -149,15 +149,15 @@ class Store(Protocol):
     def journal_session(self, row: SessionRow) -> bool:
         """Make the ``context``, ``grants`` and ``credential_ref`` of ``row`` (just
         staged) survive a crash without a commit, even while commits fail (SPEC A3, S5,
-        S6, D6): ``True`` when they
-        do (SQLite: one journal append); nothing else of the row is journaled. ``False``
-        without a journal or when the append failed: the caller answers
-        ``unavailable``."""
+        S6, D6): ``True`` when they do (SQLite: one journal append); nothing else of
+        the row is journaled. ``False`` without a usable journal or when the append
+        failed: the caller answers ``unavailable``."""
 
     def journal_delete(self, session_id: str) -> bool:
-        """Make a session's deletion (staged by :meth:`delete_session`) survive a crash
-        without a commit, even while commits fail (SPEC A4, D2, D6), as
-        :meth:`journal_session` does; ``False`` likewise."""
+        """Make a session's deletion survive a crash without a commit, even while
+        commits fail (SPEC A4, D2, D6), as :meth:`journal_session` does; ``False``
+        likewise. The deletion itself is staged by :meth:`delete_session`, in the same
+        loop turn (before or after): the session's rows are gone after a restart."""
 
     def load_session(self, session_id: str) -> SessionRow | None: ...
 
