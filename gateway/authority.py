@@ -64,6 +64,9 @@ _LAPSED = {
 }
 """The text of a credential :class:`Lapse`, live or re-validated from the store."""
 
+NOT_RECORDED = "the store cannot record the new credential right now; the old one stands"
+"""SPEC S6, D6: the ``unavailable`` refusal of an ``auth.refresh`` not made durable."""
+
 CloseFn = Callable[["Session", CloseCode, str], None]
 """Closes a session's live socket with a typed code and reason (the server's part)."""
 
@@ -247,8 +250,16 @@ class Authority:
             )
         credential.timers.append(loop.call_later(max(0.0, left), self._expire, session, credential))
 
-    def refresh(self, session: Session, token: str) -> float | None:
+    def refresh(
+        self, session: Session, token: str, durable: Callable[[], bool] | None = None
+    ) -> float | None:
         """Replace the session's credential on its open socket (SPEC S6).
+
+        Args:
+            session: the session.
+            token: the new credential.
+            durable: makes the session row staged with the new credential's reference
+                durable (SPEC D1, D6); ``False`` puts the old credential back.
 
         Returns:
             The new expiry in Unix seconds, or ``None`` when it does not expire.
@@ -258,7 +269,8 @@ class Authority:
                 grant the session's profile; the old credential and expiry stand. Or
                 ``credential_expired``: the old credential's ``expires_at`` has passed
                 on this clock (its close timer may not have fired yet): too late, the
-                socket is closed 4004 as at the expiry.
+                socket is closed 4004 as at the expiry. Or ``unavailable``: ``durable``
+                said no; the old credential and expiry stand (SPEC D6).
         """
         current = self._credentials.get(session.id)
         if current is not None:
@@ -275,8 +287,25 @@ class Authority:
         refusal = admits(identity, session)
         if refusal is not None:
             raise refusal
+        ref = session.credential_ref
         self.bind(session, token, identity)
+        if durable is not None and not durable():
+            # SPEC S6, D6: the new credential holds only once its reference is durable
+            # (a restart checks queued work against it); else the old one stands.
+            self._put_back(session, current, ref)
+            raise Refusal(ErrorCode.UNAVAILABLE, NOT_RECORDED)
         return identity.expires_at
+
+    def _put_back(self, session: Session, old: Credential | None, ref: str | None) -> None:
+        """Undo a :meth:`bind` of :meth:`refresh`: ``old`` (its reference ``ref``)
+        is the session's credential again, its timers re-armed (SPEC S6, D6)."""
+        if old is None:
+            self.forget(session)
+            session.credential_ref = ref
+            session.save()
+            return
+        self.bind(session, old.token, old.identity)
+        self._credentials[session.id].revoked = old.revoked
 
     def forget(self, session: Session) -> None:
         """Drop the session's credential and timers (its end, or a new credential)."""

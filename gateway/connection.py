@@ -302,13 +302,13 @@ class ConnectionHandler:
         self.requests.grants_revoke(self.s, msg)
 
     def on_job_get(self, msg: m.JobGet) -> None:
-        self.requests.job_get(self.s, msg)
+        self.requests.job_requests.job_get(self.s, msg)
 
     def on_job_list(self, msg: m.JobList) -> None:
-        self.requests.job_list(self.s, msg)
+        self.requests.job_requests.job_list(self.s, msg)
 
     def on_job_cancel(self, msg: m.JobCancel) -> None:
-        self.requests.job_cancel(self.s, msg, self._current)
+        self.requests.job_requests.job_cancel(self.s, msg, self._current)
 
     def on_ack(self, msg: m.Ack) -> None:
         self.s.ack(msg.seq)
@@ -317,9 +317,9 @@ class ConnectionHandler:
         self.requests.context_update(self.s, msg)
 
     def on_bye(self, msg: m.Bye) -> None:
-        """End the session for good, close 4001 (SPEC A4: pending approvals denied, no resume)."""
-        session = self.s
-        self.parts.sessions.end(session)
+        """End the session for good, close 4001 (SPEC A4, D6: ``SessionRequests.bye``)."""
+        if not self.requests.bye(self.s, msg, self.parts.sessions):
+            return
         self.session = None
         self._flush_and_close(CloseCode.SESSION_ENDED, "bye")
         self.state.start_closing()

@@ -201,7 +201,7 @@ class SessionOpener:
             # row); nothing is sent before that commit. A new session is ended, so its
             # staged row is deleted in the same later commit: nothing is half-created.
             if not resumed:
-                self.sessions.end(session)
+                self.sessions.end(session, journal=False)
             raise Refused(
                 ErrorCode.UNAVAILABLE,
                 "the store cannot commit right now; try again later",

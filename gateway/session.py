@@ -33,6 +33,10 @@ INTERNAL_PREFIX = "m_"
 socket's session ids start ``s_``. The prefix survives a restart in the stored row."""
 
 
+BYE_REFUSED = "the store cannot record the end of the session now; it stays open"
+"""SPEC D6: the ``unavailable`` answer of a ``bye`` the store cannot make durable."""
+
+
 @dataclass(slots=True)
 class TokenBucket:
     """Invoke rate limit (SPEC E2): ``rate`` tokens per second, at most ``burst`` saved."""
@@ -403,8 +407,11 @@ class SessionTable:
             if not self._per_user[owner]:
                 del self._per_user[owner]
 
-    def end(self, session: Session) -> None:
-        """End a session for good: no resume; calls cancelled, approvals denied (SPEC A4)."""
+    def end(self, session: Session, journal: bool = True) -> None:
+        """End a session for good: no resume; calls cancelled, approvals denied (SPEC A4).
+        ``journal=False``: its deletion needs no journal entry when the commit fails
+        (SPEC D6): :meth:`bye` journaled it, or its row was never durable (a ``hello``
+        refused before its ``welcome``)."""
         if session.ended:
             return
         session.ended = True
@@ -416,8 +423,25 @@ class SessionTable:
         self._on_end(session)
         self.outbox.flush()
         self.store.delete_session(session.id)
-        # Committed now (a deletion is never journaled): a crash right after a `bye`
-        # must not bring the session back at the next start (SPEC D2). A store that
-        # cannot commit keeps it staged for the next commit (D6).
-        self.outbox.commit()
+        # Committed now: a crash right after a `bye` must not bring the session back at
+        # the next start (SPEC D2). While commits fail, the deletion is journaled on its
+        # own (SPEC D6) and stays staged for the next commit.
+        if not (self.outbox.commit() or not journal or self.store.journal_delete(session.id)):
+            logger.warning("session %s ended; its deletion waits for the store", session.id)
+            return
         logger.info("session %s ended", session.id)
+
+    def bye(self, session: Session) -> bool:
+        """End ``session`` for a ``bye`` (SPEC A4) when that end can be made durable now
+        (SPEC D2, D6): a commit of what is staged succeeded (:meth:`end` commits the
+        end), or else the store journaled the deletion (:meth:`Store.journal_delete
+        <gateway.store.Store.journal_delete>`, even while commits fail; replayed after
+        a crash, it deletes the session). ``False``: nothing ended (a store without a
+        usable journal that cannot commit); the caller answers ``unavailable``
+        :data:`BYE_REFUSED` and the session stays as it was, as the client is told."""
+        committed = self.outbox.commit()
+        if not (committed or self.store.journal_delete(session.id)):
+            logger.warning("bye of session %s refused: the store cannot commit", session.id)
+            return False
+        self.end(session, journal=committed)
+        return True

@@ -1,30 +1,30 @@
 """The requests of an open session: catalog, calls, approvals, grants, jobs, context
-(SPEC C3, I8, A3, M3, K2, J3, S5, S6).
+(SPEC C3, I8, A3, M3, K2, J3, S5, S6, D6).
 
 :class:`SessionRequests` answers each client request of a session; the connection's
 dispatch table (:data:`gateway.connection.ConnectionHandler.BY_CLASS`) calls it by message class.
-A refusal is an ``error`` reply on the session, counted by code.
+A refusal is an ``error`` reply on the session, counted by code. The job requests are
+:class:`gateway.job_requests.JobRequests`' (``job_requests``). A request that changes the
+session (``grants.revoke``, ``context.update``) is answered once the change is durable,
+else ``unavailable`` with nothing changed (SPEC D1, D6).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from gateway.approvals import Approvals
 from gateway.authority import Authority, Refusal
 from gateway.config import LimitsConfig
 from gateway.hello import context_too_large
-from gateway.job_fit import fit_job, fit_jobs
-from gateway.jobs import JobRunner, job_info
+from gateway.job_requests import JobRequests
+from gateway.jobs import JobRunner
 from gateway.mcp.elicit import Elicitations
 from gateway.metrics import Metrics
 from gateway.outbox import Outbox
 from gateway.pipeline import Pipeline
-from gateway.session import Session
-from gateway.store import JobRow, Store, StoreUnavailable
+from gateway.session import BYE_REFUSED, Session, SessionTable
+from gateway.store import Store, StoreUnavailable
 from gateway.tasks import TaskSet
 from protocol import messages as m
 from protocol.errors import ErrorCode
@@ -33,11 +33,9 @@ if TYPE_CHECKING:
     from gateway.catalog_state import CatalogState
     from gateway.node_requests import NodeRequests
 
-ROUTED_POLL = 0.05
-"""Seconds between two reads of a job whose cancel went to another node (SPEC N3, J3)."""
-ROUTED_WAIT = 30.0
-"""Seconds a routed ``job.cancel`` waits for the job's final state before it answers
-with the state stored then."""
+NOT_STORED = "the store cannot record the {} change right now; nothing changed, try again"
+"""The ``unavailable`` message of a session change the store could not make durable
+(SPEC D6): ``grants.revoke`` ("grant"), ``context.update`` ("context")."""
 
 
 class SessionRequests:
@@ -48,8 +46,8 @@ class SessionRequests:
         approvals: the approval registry (SPEC A3).
         elicitations: mounted MCP servers' questions (SPEC M3).
         jobs: the job runner (SPEC J3).
-        store: jobs and their rows (SPEC J3).
-        outbox: committed before a job list is read (SPEC J3).
+        store: journals a session change while commits fail (SPEC D6); the jobs'.
+        outbox: commits a session change before its answer (SPEC D6), and the jobs'.
         catalog: the catalog state (SPEC C3, S5).
         authority: credential refreshes (SPEC S6).
         metrics: the server's metrics (``errors`` by code).
@@ -85,6 +83,10 @@ class SessionRequests:
         self.routes: NodeRequests | None = None
         """Set on a store shared by several nodes: a decision or a cancel for a call or
         job that runs on another node is routed there (SPEC N3)."""
+        self.job_requests = JobRequests(
+            jobs, store, outbox, catalog, background, self.error, lambda: self.routes
+        )
+        """``job.get``, ``job.list``, ``job.cancel`` (SPEC J3)."""
 
     def error(self, s: Session, request_id: str | None, code: ErrorCode, message: str) -> None:
         """Reply ``error`` ``code`` to ``request_id``, counted (SPEC E1)."""
@@ -156,100 +158,37 @@ class SessionRequests:
         s.reply(m.Grants(id=msg.id, tools=sorted(s.grants)))
 
     def grants_revoke(self, s: Session, msg: m.GrantsRevoke) -> None:
-        """SPEC K2: drop one grant; ``unknown_grant`` when there is none."""
+        """SPEC K2, A3: drop one grant; ``unknown_grant`` when there is none; SPEC D6:
+        answered ``grants`` once the revoke is durable, else ``unavailable`` and the
+        grant stays."""
         if msg.tool not in s.grants:
             text = f"no 'always allow' grant for {msg.tool!r}"
             self.error(s, msg.id, ErrorCode.UNKNOWN_GRANT, text)
             return
         s.grants.discard(msg.tool)
-        s.save()
+        if not self._stored(s):
+            # SPEC D6: not revoked, as the client is told; the row staged again says so.
+            s.grants.add(msg.tool)
+            s.save()
+            self.error(s, msg.id, ErrorCode.UNAVAILABLE, NOT_STORED.format("grant"))
+            return
         s.reply(m.Grants(id=msg.id, tools=sorted(s.grants)))
 
-    def _own_job(self, s: Session, request_id: str | None, job_id: str) -> JobRow | None:
-        """SPEC J3: only the caller's own jobs exist for it."""
-        active = self.jobs.active.get(job_id)
-        row = active.row if active is not None else self.store.job(job_id)
-        if row is None or row.user != s.user or row.tenant != s.tenant:
-            self.error(s, request_id, ErrorCode.UNKNOWN_JOB, f"no job {job_id!r}")
-            return None
-        return row
-
-    def job_get(self, s: Session, msg: m.JobGet) -> None:
-        """SPEC J3: one of the caller's jobs."""
-        row = self._own_job(s, msg.id, msg.job_id)
-        if row is not None:
-            info = job_info(row, self.jobs.progress_of(row.job_id))
-            s.reply(fit_job(msg.id, info, self.catalog.max_frame))  # SPEC E2
-
-    def job_list(self, s: Session, msg: m.JobList) -> None:
-        """SPEC J3: the caller's jobs, newest first, committed state."""
-        self.outbox.flush()
-        status = msg.status.value if msg.status is not None else None
-        rows = self.store.jobs(s.user, s.tenant, status, msg.limit)
-        infos = [job_info(row, self.jobs.progress_of(row.job_id)) for row in rows]
-        s.reply(fit_jobs(msg.id, infos, self.catalog.max_frame))  # SPEC E2
-
-    def job_cancel(
-        self, s: Session, msg: m.JobCancel, current: Callable[[], Session | None]
-    ) -> None:
-        """SPEC J3: cancel a job; answered once its final state is stored, to the
-        socket's session then (``current``), if it still has one."""
-        row = self._own_job(s, msg.id, msg.job_id)
-        if row is None:
-            return
-        task = self.jobs.cancel(msg.job_id)
-        if task is None and row.state in (m.JobState.QUEUED, m.JobState.RUNNING) and self.routes:
-            self._route_job_cancel(s, msg, row, current)
-            return
-        if task is None:
-            text = f"job {msg.job_id!r} already ended ({row.state})"
-            self.error(s, msg.id, ErrorCode.JOB_FINISHED, text)
-            return
-        # Kept in the gateway's task set: a bare create_task could be collected before it
-        # replies, and the job.cancel answer would be lost (SPEC J3).
-        self.background.spawn(self._reply_cancelled(msg, task, current), name="job.cancel reply")
-
-    def _route_job_cancel(
-        self, s: Session, msg: m.JobCancel, row: JobRow, current: Callable[[], Session | None]
-    ) -> None:
-        """SPEC N3, J3: the job runs on another node; the cancel goes there and the
-        answer follows once the store holds its final state."""
-        from gateway.node_requests import Kind
-
-        assert self.routes is not None
-        try:
-            self.routes.route(Kind.CANCEL_JOB, s.id, s.user, msg.job_id)
-        except StoreUnavailable:
-            self.error(s, msg.id, ErrorCode.UNAVAILABLE, "the store cannot be written now")
-            return
-        self.background.spawn(self._reply_routed(msg, current), name="job.cancel reply")
-
-    async def _reply_routed(self, msg: m.JobCancel, current: Callable[[], Session | None]) -> None:
-        """SPEC J3: answer a routed ``job.cancel`` once the stored job is final (polled
-        every :data:`ROUTED_POLL` s, at most :data:`ROUTED_WAIT` s; then as it stands)."""
-        row = None
-        for _ in range(int(ROUTED_WAIT / ROUTED_POLL)):
-            with contextlib.suppress(StoreUnavailable):
-                row = self.store.job(msg.job_id)
-            if row is not None and row.state not in (m.JobState.QUEUED, m.JobState.RUNNING):
-                break
-            await asyncio.sleep(ROUTED_POLL)
-        session = current()
-        if row is not None and session is not None:
-            session.reply(fit_job(msg.id, job_info(row), self.catalog.max_frame))
-
-    async def _reply_cancelled(
-        self, msg: m.JobCancel, task: asyncio.Task[None], current: Callable[[], Session | None]
-    ) -> None:
-        """SPEC J3: answer ``job.cancel`` with the job's final state, once it is stored."""
-        await asyncio.wait({task})
-        row = self.store.job(msg.job_id)
-        session = current()
-        if row is not None and session is not None:
-            session.reply(fit_job(msg.id, job_info(row), self.catalog.max_frame))  # SPEC E2
+    def _stored(self, s: Session) -> bool:
+        """SPEC D1, D6: stage the session row and make it durable now, before a reply
+        tells the client its change holds: the commit of what is staged (on SQLite a
+        journal append), or while commits fail the journal entry of the row's context
+        and grants alone (:meth:`Store.journal_session
+        <gateway.store.Store.journal_session>`). ``False`` when neither could: the
+        caller puts the change back, stages the row again and answers ``unavailable``,
+        so that a restart finds what the client was told."""
+        s.save()
+        return self.outbox.commit() or self.store.journal_session(s.row())
 
     def context_update(self, s: Session, msg: m.ContextUpdate) -> None:
-        """SPEC S5: change the context, answer it, re-push the catalog if it changed."""
+        """SPEC S5: change the context, answer it, re-push the catalog if it changed;
+        SPEC D6: answered once the change is durable, else ``unavailable`` and the
+        context stays as it was (one that changes nothing is answered at once)."""
         context = dict(s.context)
         for key, value in msg.context.items():
             if value is None:
@@ -260,15 +199,32 @@ class SessionRequests:
             limit = self.limits.max_context_bytes
             self.error(s, msg.id, ErrorCode.CONTEXT_TOO_LARGE, f"context over {limit} bytes")
             return
-        s.context = context
-        s.save()
+        before, s.context = s.context, context
+        if context == before:
+            s.save()  # nothing changed: no commit to wait for (its flush still tries one)
+        elif not self._stored(s):
+            s.context = before  # SPEC D6: unchanged, as the client is told
+            s.save()
+            self.error(s, msg.id, ErrorCode.UNAVAILABLE, NOT_STORED.format("context"))
+            return
         s.reply(m.Context(id=msg.id, context=dict(context)))
         self.catalog.push(s, m.CatalogReason.CONTEXT)
 
+    def bye(self, s: Session, msg: m.Bye, sessions: SessionTable) -> bool:
+        """SPEC A4, D2, D6: end ``s`` for good once that end is durable
+        (:meth:`SessionTable.bye <gateway.session.SessionTable.bye>`); ``False`` when
+        it cannot be now: answered ``unavailable``, the session stays open as it was."""
+        if sessions.bye(s):
+            return True
+        self.error(s, msg.id, ErrorCode.UNAVAILABLE, BYE_REFUSED)
+        return False
+
     def auth_refresh(self, s: Session, msg: m.AuthRefresh) -> None:
-        """SPEC S6: a refreshed credential on the open socket, or a typed refusal."""
+        """SPEC S6: a refreshed credential on the open socket, or a typed refusal;
+        SPEC D6: answered once its stored reference is durable, else ``unavailable``
+        and the old credential stands."""
         try:
-            expires_at = self.authority.refresh(s, msg.token)
+            expires_at = self.authority.refresh(s, msg.token, lambda: self._stored(s))
         except Refusal as refusal:
             self.error(s, msg.id, refusal.code, refusal.message)
             return

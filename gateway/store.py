@@ -146,6 +146,19 @@ class Store(Protocol):
         a job's start is then made durable at once, not in the turn's group commit
         (:meth:`gateway.jobs.JobRunner._execute`)."""
 
+    def journal_session(self, row: SessionRow) -> bool:
+        """Make the ``context``, ``grants`` and ``credential_ref`` of ``row`` (just
+        staged) survive a crash without a commit, even while commits fail (SPEC A3, S5,
+        S6, D6): ``True`` when they do (SQLite: one journal append); nothing else of
+        the row is journaled. ``False`` without a usable journal or when the append
+        failed: the caller answers ``unavailable``."""
+
+    def journal_delete(self, session_id: str) -> bool:
+        """Make a session's deletion survive a crash without a commit, even while
+        commits fail (SPEC A4, D2, D6), as :meth:`journal_session` does; ``False``
+        likewise. The deletion itself is staged by :meth:`delete_session`, in the same
+        loop turn (before or after): the session's rows are gone after a restart."""
+
     def load_session(self, session_id: str) -> SessionRow | None: ...
 
     def delete_session(self, session_id: str) -> None:
@@ -204,6 +217,14 @@ class CommitsOnly:
 
     def running_durable(self, key: tuple[str, str, str]) -> bool:
         """Always ``False``: the caller commits before the handler (as above)."""
+        return False
+
+    def journal_session(self, row: SessionRow) -> bool:
+        """Always ``False``: only a commit makes a session change durable (SPEC D6)."""
+        return False
+
+    def journal_delete(self, session_id: str) -> bool:
+        """Always ``False``: only a commit makes a session's end durable (SPEC D6)."""
         return False
 
 
@@ -428,6 +449,16 @@ class SqliteStore(SqliteReads):
                 self._intents.drop_session(session_id)
             self._batch = SqliteBatch()
         self._intents.committed(emptying)
+
+    def journal_session(self, row: SessionRow) -> bool:
+        # Not held back by a failed commit, unlike journal(): these columns depend on no
+        # other write (store_journal.Intents.session_change).
+        values = checked(session_values(row), "session")
+        change = ("a", row.session_id, values[5], values[7], row.credential_ref)
+        return self._intents.session_change(change)
+
+    def journal_delete(self, session_id: str) -> bool:
+        return self._intents.session_change(("d", session_id))
 
     def keep_intent(self, session_id: str, call_id: str, key: tuple[str, str, str]) -> bool:
         return not self._commit_failed and self._intents.keep(self._batch, session_id, call_id, key)

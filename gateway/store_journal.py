@@ -108,6 +108,11 @@ close. Below it, journaled flushes are committed on the ``store.settle_after`` t
 burst of a thousand job ends (about 500 KB) is sent without a commit of its rows in the
 middle of it (P5 measured 256 KiB: a 7 ms commit inside the burst, issue 13)."""
 
+CHANGES_BYTES = 8 * JOURNAL_BYTES
+"""Journal size past which a session change is no longer journaled while commits fail
+(:meth:`Intents.session_change`): an outage of hours cannot grow it without bound; the
+change is then refused ``unavailable`` (SPEC D6)."""
+
 Key = tuple[str, str, str]
 """A ledger row's key: ``(tenant, user, call_id)``."""
 
@@ -394,7 +399,7 @@ def _left_beside_a_link(given: str, path: Path) -> bool:
     return stat.S_ISREG(found.st_mode) and found.st_size > 0
 
 
-_WRITES = {"e": 3, "q": 4, "c": 4, "f": 2, "l": 8, "j": 17, "s": 15}
+_WRITES = {"e": 3, "q": 4, "c": 4, "f": 2, "l": 8, "j": 17, "s": 15, "a": 4, "d": 1}
 """A batch entry's writes by kind, with their number of values:
 ``["e", session_id, seq, body]`` an event; ``["q", session_id, last_seq, acked_seq,
 floor_seq]`` a session's counters; ``["c", session_id, call_id, state, body]`` a call
@@ -402,8 +407,11 @@ row; ``["f", session_id, call_id]`` a forgotten call row; ``["l", tenant, user,
 call_id, tool, params_hash, state, outcome, created_at]`` a ledger row; ``["j", ...]``
 a job row, the 17 ``jobs`` columns in their order (:func:`gateway.store_rows.job_values`);
 ``["s", ...]`` a session row, the 15 ``sessions`` columns in their order
-(:func:`gateway.store_rows.session_values`). Bodies and JSON columns are text (the bytes
-are UTF-8 JSON from :mod:`protocol.codec`)."""
+(:func:`gateway.store_rows.session_values`); ``["a", session_id, context, grants,
+credential_ref]`` a session's context, grants (JSON text) and credential reference
+alone, and ``["d", session_id]`` a session ended for good
+(:meth:`Intents.session_change`: journaled even while commits fail). Bodies and JSON
+columns are text (the bytes are UTF-8 JSON from :mod:`protocol.codec`)."""
 
 _JOB_JSON = (8, 9, 14, 15, 16)
 """The ``jobs`` columns (0-based) that hold JSON bytes: params, context, artifacts,
@@ -508,6 +516,14 @@ def _apply(db: sqlite3.Connection, writes: list[Any]) -> None:
             db.execute(
                 _SESSION_UPSERT, [_bytes(x) if i in _SESSION_JSON else x for i, x in enumerate(v)]
             )
+        elif kind == "a":
+            db.execute(
+                "UPDATE sessions SET context=?, grants=?, credential_ref=? WHERE session_id=?",
+                (_bytes(v[1]), _bytes(v[2]), v[3], v[0]),
+            )
+        elif kind == "d":
+            for table in ("sessions", "events", "calls"):
+                db.execute(f"DELETE FROM {table} WHERE session_id=?", (v[0],))
         elif kind == "j":
             values = [_bytes(x) if i in _JOB_JSON else x for i, x in enumerate(v)]
             db.execute(
@@ -720,6 +736,29 @@ class Intents:
             self._writes = []
             self.owed = True
         return True
+
+    def session_change(self, write: tuple[Any, ...]) -> bool:
+        """Journal one session change the client is told of (SPEC A3, S5, S6, D2, D6)
+        in an entry of its own: ``("a", session_id, context, grants, credential_ref)``
+        (JSON bytes, then text) or ``("d", session_id)`` (:data:`_WRITES`). ``True``
+        once it is in the file, the commit owed.
+
+        Unlike :meth:`log`, also while commits fail: these columns, and the end of a
+        session, depend on no other write, so the entry holds whatever was staged and
+        lost before it. The rows it changes stay staged (the batch, and :attr:`_writes`
+        for the next entry), and an entry after it that carries the session's row
+        carries the same values. ``False`` without a usable journal, past
+        :data:`CHANGES_BYTES`, or when the append failed (the caller then answers
+        ``unavailable``, SPEC D6).
+        """
+        journal = self.journal
+        if journal is None or not journal.usable or journal.size >= CHANGES_BYTES:
+            return False
+        encoded = tuple(_text(v) if isinstance(v, bytes) else v for v in write)
+        line = encode_batch(self._generation + 1, [encoded])
+        self._generation += 1
+        self.owed = True  # a torn line of this number may be whole (as in log)
+        return journal.append_line(line)
 
     def keep(self, batch: SqliteBatch, session_id: str, call_id: str, key: Key) -> bool:
         """Journal the call's staged ``running`` rows and hold them out of ``batch``;
