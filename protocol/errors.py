@@ -83,7 +83,9 @@ class ErrorCode(StrEnum):
     HANDLER_ERROR = CallOutcome.HANDLER_ERROR.value
     UNAVAILABLE = CallOutcome.UNAVAILABLE.value
     """SPEC M2, D6: what the call needs is down for now (a mounted MCP server that is
-    not connected, a store that cannot commit); retrying later may succeed."""
+    not connected, a store that cannot commit, a session change: ``grants.revoke``,
+    ``context.update``, ``auth.refresh``, ``bye`` or ``job.cancel``, that the store can
+    make durable neither by a commit nor in its journal); retrying later may succeed."""
     CANCELLED = CallOutcome.CANCELLED.value
     STALE_CATALOG = CallOutcome.STALE_CATALOG.value
     BUSY = CallOutcome.BUSY.value
