@@ -1,16 +1,16 @@
-"""Attacks at the protocol level (SPEC D4, C3, I15): a socket that lost its session to a
-resume still acting on it; a profile that lacks a tool getting that tool's outcome
-through the principal's call ledger.
-
-Each test states the input and the right behaviour; they fail on the code they were
-written against (branch h-proto) and pass once the fault is fixed.
+"""Attacks at the protocol level, one test per fault an attacking helper found (SPEC C3,
+I15, E2, D6, A3, A4, J3, S2, E1): a profile that lacks a tool getting that tool's outcome
+through the principal's call ledger; re-sends past the rate limit; session changes
+answered in a store outage and undone by a crash; repeated headers. Each states the
+input, the right behaviour and what was seen before the fix. The two I12/I15 tests of
+attachments across a restart are strict ``xfail``: a known limit (docs/protocol.md).
+The replaced socket (D4), a peer that never reads (D5) and pipelined frames (E3) are
+tested in ``test_d4_replaced_socket.py`` and ``test_wslib_bounds.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +19,10 @@ from websockets.asyncio.client import connect
 
 from tests.gateway import ledger_tools as lt
 from tests.gateway import proto_tools
-from tests.gateway.store_faults import LOCKER
+from tests.gateway.test_j6_crash_decided import commits_failing
 from tests.support import (
     CONVERT,
     MS,
-    ROOT,
     WAIT,
     Peer,
     barrier,
@@ -36,31 +35,6 @@ from tests.support import (
     script_server,
     settings_for,
 )
-
-QUICK_BOUND = 1.0
-"""Seconds a quick call may take while another session floods (as in test_fair_share)."""
-
-FLOOD = r"""
-import sys, threading, orjson
-from websockets.sync.client import connect
-ws = connect(sys.argv[1], subprotocols=["toolbus.v1"], max_size=None)
-ws.send(orjson.dumps({"type": "hello", "token": "alice-token", "profile": "demo"}).decode())
-ws.recv()
-def read():
-    try:
-        while True:
-            ws.recv()
-    except Exception:
-        pass
-threading.Thread(target=read, daemon=True).start()
-print("go", flush=True)
-frame = orjson.dumps({"type": "grants.list"}).decode()
-for _ in range(int(sys.argv[2])):
-    ws.send(frame)
-print("sent", flush=True)
-"""
-"""A client in a process of its own that sends N ``grants.list`` frames as fast as its
-socket takes them and reads every reply."""
 
 NOTE = {"title": "payroll", "body": "salaries 2027"}
 """Arguments of a demo ``notes_create`` call (capability ``notes.write``)."""
@@ -80,54 +54,6 @@ async def _answer(p: Peer, call_id: str) -> dict[str, Any]:
                 return msg
             if msg["type"] == "error" and (msg.get("details") or {}).get("call_id") == call_id:
                 return msg
-
-
-async def test_d4_a_replaced_socket_cannot_end_the_session_it_lost(tmp_path: Path) -> None:
-    """SPEC D4, I12: a resume on a new socket takes the session over; the old socket is
-    closed 4000 and no longer carries the session. Input: alice's socket ``old`` is
-    alive but slow to read (it has not read the 4000 close yet, as on a congested
-    network); a new socket resumes the session; ``old`` then sends ``bye``, which it
-    wrote before it learned it was replaced. Right: the ``bye`` of a socket that no
-    longer holds the session changes nothing; the new socket's calls still get their
-    terminal reply. Seen: the stale ``bye`` ends the resumed session; the new socket
-    stays open on an ended session and its ``invoke`` never gets a terminal reply."""
-    async with running(settings_for(tmp_path)) as gw, peer(gw) as old:
-        await old.invoke("c1", "convert_units", CONVERT)
-        await old.terminal("c1")
-        old.ws.transport.pause_reading()  # it does not see the 4000 close
-        async with peer(gw, hello=False) as new:
-            await new.hello(**resume_fields(old, 0))
-            assert new.welcome["resumed"] is True
-            await old.send({"type": "bye", "id": "stale"})
-            await asyncio.sleep(300 * MS)  # the stale frame reaches the server
-            await new.invoke("c2", "convert_units", CONVERT)
-            try:
-                async with asyncio.timeout(2.0):
-                    reply = await _answer(new, "c2")
-            except TimeoutError:
-                reply = {"type": "nothing within 2 s"}
-            ended = gw.sessions.get(new.welcome["session_id"]) is None
-            assert (reply["type"], ended) == ("result", False), (reply, ended)
-        old.ws.transport.resume_reading()
-
-
-async def test_d4_a_replaced_socket_cannot_change_the_context(tmp_path: Path) -> None:
-    """SPEC D4, S5: as above, the replaced socket sends ``context.update`` after the
-    takeover. Right: the session's context is the new socket's alone (unchanged).
-    Seen: the stale socket's update is applied to the session the new socket holds."""
-    async with running(settings_for(tmp_path)) as gw, peer(gw) as old:
-        await barrier(old)
-        old.ws.transport.pause_reading()
-        async with peer(gw, hello=False) as new:
-            await new.hello(**resume_fields(old, 0))
-            assert new.welcome["resumed"] is True
-            update = {"type": "context.update", "id": "stale", "context": {"project_id": "p9"}}
-            await old.send(update)
-            await asyncio.sleep(300 * MS)
-            await new.send({"type": "context.update", "id": "mine", "context": {}})
-            reply = await new.expect("context", id="mine")
-            assert reply["context"] == {}, reply
-        old.ws.transport.resume_reading()
 
 
 @pytest.mark.parametrize("when", ["finished", "running"])
@@ -160,14 +86,16 @@ async def test_c3_i15_a_profile_without_the_tool_never_gets_its_outcome(
             own = await _answer(ro, "n0")
             assert (own["type"], own.get("code")) == ("call.error", "unknown_tool")
             await ro.invoke("n1", "notes_create", NOTE)
+            # While n1 still waits for its approval (running), or after it finished.
+            reply = await _answer(ro, "n1")
+            assert (reply["type"], reply.get("code")) == ("call.error", "unknown_tool"), reply
             if when == "running":
-                await asyncio.sleep(100 * MS)
                 approval = start["approval_id"]
                 await demo.send(
                     {"type": "tool.confirm", "approval_id": approval, "decision": "allow"}
                 )
-            reply = await _answer(ro, "n1")
-            assert (reply["type"], reply.get("code")) == ("call.error", "unknown_tool"), reply
+                assert (await demo.terminal("n1"))["type"] == "result"
+            assert await barrier(ro) == []  # nothing more about n1 reached ro
 
 
 async def test_e2_re_sends_of_a_finished_call_are_rate_limited_too(tmp_path: Path) -> None:
@@ -186,103 +114,15 @@ async def test_e2_re_sends_of_a_finished_call_are_rate_limited_too(tmp_path: Pat
             await p.invoke("c1", "convert_units", CONVERT)
         answers = [await _answer(p, "c1") for _ in range(50)]
         kinds = [a["type"] if a["type"] != "error" else a["code"] for a in answers]
-        assert kinds.count("rate_limited") >= 48, kinds
+        # The burst of 2: c1 took one token, the first re-send the other.
+        assert kinds == ["result"] + ["rate_limited"] * 49, kinds
 
 
-async def test_e3_a_flood_of_cheap_requests_does_not_stall_other_users(tmp_path: Path) -> None:
-    """SPEC E3: one session cannot starve the others of the event loop. Input: alice's
-    client (a process of its own) pipelines 100,000 ``grants.list`` requests (a cheap,
-    unlimited request, about 22 bytes each) and reads every reply; meanwhile bob calls
-    ``convert_units`` every 20 ms for 4 s. Right: bob's calls keep their normal latency
-    (under :data:`QUICK_BOUND`). Seen: the server handles every whole message of one
-    socket read (up to 256 KiB, about 12,000 frames) in one read callback without
-    yielding, so bob's call waits up to about 2 s behind each such read."""
-    async with running(settings_for(tmp_path)) as gw, peer(gw, token="bob-token") as bob:
-        await bob.expect("catalog")
-        flood = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", FLOOD, gw.url, "100000", stdout=asyncio.subprocess.PIPE, cwd=ROOT
-        )
-        try:
-            assert flood.stdout is not None
-            assert (await flood.stdout.readline()).strip() == b"go"
-            took: list[float] = []
-            began = time.perf_counter()
-            while time.perf_counter() - began < 4.0:
-                start = time.perf_counter()
-                call_id = f"q{len(took)}"
-                await bob.invoke(call_id, "convert_units", CONVERT)
-                assert (await _answer(bob, call_id))["type"] == "result"
-                took.append(time.perf_counter() - start)
-                await asyncio.sleep(20 * MS)
-        finally:
-            if flood.returncode is None:
-                flood.kill()
-            await flood.wait()
-        assert max(took) < QUICK_BOUND, f"slowest of {len(took)} quick calls: {max(took):.2f} s"
-
-
-PINGS = r"""
-import base64, os, socket, sys, time
-from websockets.frames import Frame, Opcode
-host, port, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
-s = socket.create_connection((host, port))
-key = base64.b64encode(os.urandom(16)).decode()
-s.sendall((f"GET / HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\n"
-           f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n"
-           "Sec-WebSocket-Protocol: toolbus.v1\r\n\r\n").encode())
-head = b""
-while b"\r\n\r\n" not in head:
-    head += s.recv(1)
-print(head.split(b"\r\n")[0].decode(), flush=True)
-chunk = Frame(Opcode.PING, b"x" * 125).serialize(mask=True, extensions=[]) * 512
-end = time.time() + seconds
-try:
-    while time.time() < end:
-        s.sendall(chunk)
-except OSError:
-    pass
-print("done", flush=True)
-time.sleep(30)
-"""
-"""A client that upgrades, sends no ``hello``, floods ping frames for N seconds and never
-reads a byte (so every pong the server owes stays in the server's buffer)."""
-
-
-async def test_d5_e2_pongs_owed_to_a_peer_that_never_reads_are_bounded(tmp_path: Path) -> None:
-    """SPEC D5, E2, S1: the outbound buffer per socket is bounded (here
-    ``server.max_outbound_bytes`` 1 MiB); past it the socket is closed. Input: an
-    unauthenticated client upgrades, sends no ``hello`` (the hello timeout is 30 s), and
-    floods 125-byte pings for 3 s without ever reading. Right: what the server holds
-    for that socket stays near the bound (or the socket is closed). Seen: websockets
-    answers every ping with a pong written to the transport, whose buffer toolbus never
-    bounds nor watches: it grows at the attacker's send rate (tens of MB here; any
-    number of such sockets, before any credential is checked)."""
-    server = {
-        "port": 0,
-        "heartbeat_interval": 0,
-        "hello_timeout": 30,
-        "max_outbound_bytes": 1 << 20,
-    }
-    async with running(settings_for(tmp_path, server=server)) as gw:
-        flood = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", PINGS, "127.0.0.1", str(gw.port), "3",
-            stdout=asyncio.subprocess.PIPE, cwd=ROOT,
-        )  # fmt: skip
-        try:
-            assert flood.stdout is not None
-            assert b"101" in await flood.stdout.readline()
-            peak = 0
-            began = time.perf_counter()
-            while time.perf_counter() - began < 3.5:
-                held = [c.transport.get_write_buffer_size() for c in gw.server.connections]
-                peak = max([peak, *held])
-                await asyncio.sleep(0.05)
-        finally:
-            flood.kill()
-            await flood.wait()
-        assert peak < 4 << 20, f"{peak / 1e6:.1f} MB of pongs held for one socket"
-
-
+@pytest.mark.xfail(
+    strict=True,
+    reason="known limit (docs/protocol.md, invoke: an attachment lives in the memory of "
+    "the process; a client re-sends its waiting invokes after a resume)",
+)
 async def test_i12_i15_an_attached_session_gets_the_terminal_of_a_call_a_crash_cut_off(
     tmp_path: Path,
 ) -> None:
@@ -303,7 +143,7 @@ async def test_i12_i15_an_attached_session_gets_the_terminal_of_a_call_a_crash_c
             await a.invoke("r1", "held_charge", {"amount": 100})
             await a.expect("tool_start", call_id="r1")
             async with asyncio.timeout(WAIT):
-                while lt.runs(settings.data_dir) != ["r1 100"]:
+                while lt.runs(settings.data_dir) != ["r1 100"]:  # noqa: ASYNC110 - a file
                     await asyncio.sleep(10 * MS)
             await b.invoke("r1", "held_charge", {"amount": 100})
             await barrier(b)  # attached: no reply
@@ -328,6 +168,11 @@ async def test_i12_i15_an_attached_session_gets_the_terminal_of_a_call_a_crash_c
     assert lt.runs(settings.data_dir) == ["r1 100"]
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="known limit (docs/protocol.md, invoke: an attachment lives in the memory of "
+    "the process; a client re-sends its waiting invokes after a resume)",
+)
 async def test_i12_i15_an_attached_session_gets_the_result_of_a_call_approved_after_a_deploy(
     tmp_path: Path,
 ) -> None:
@@ -380,36 +225,22 @@ async def test_a3_d6_a_revoked_grant_stays_revoked_after_a_crash_in_a_store_outa
     runs with no approval."""
     script = gateway_script("tests.support:settings_for")
     db = tmp_path / "data" / "toolbus.db"
-    async with script_server(script, str(tmp_path)) as srv:
-        async with peer_at(f"ws://127.0.0.1:{srv.port}/") as a:
-            await a.invoke("d1", "notes_delete", {"note_id": 1})
-            start = await a.expect("tool_start", call_id="d1")
-            await a.send(
-                {"type": "tool.confirm", "approval_id": start["approval_id"],
-                 "decision": "allow_always"}
-            )  # fmt: skip
-            await _answer(a, "d1")
-            await a.send({"type": "grants.list", "id": "g0"})
-            assert (await a.expect("grants", id="g0"))["tools"] == ["notes_delete"]
-            await asyncio.sleep(0.5)  # well past the commit it owes
-            locker = await asyncio.create_subprocess_exec(
-                sys.executable, "-c", LOCKER, str(db),
-                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            )  # fmt: skip
-            try:
-                assert locker.stdout is not None
-                assert await locker.stdout.readline() == b"locked\n"
-                await a.send({"type": "context.update", "id": "probe", "context": {}})
-                await a.expect("context", id="probe")
-                await _until_unavailable(f"ws://127.0.0.1:{srv.port}/")
-                await a.send({"type": "grants.revoke", "id": "rv", "tool": "notes_delete"})
-                revoked = await a.expect("grants", id="rv")
-                assert revoked["tools"] == []  # the user is told it is revoked
-                await srv.crash()
-            finally:
-                if locker.returncode is None:
-                    locker.kill()
-                await locker.communicate()
+    async with (
+        script_server(script, str(tmp_path)) as srv,
+        peer_at(f"ws://127.0.0.1:{srv.port}/") as a,
+    ):
+        await a.invoke("d1", "notes_delete", {"note_id": 1})
+        start = await a.expect("tool_start", call_id="d1")
+        decision = {"approval_id": start["approval_id"], "decision": "allow_always"}
+        await a.send({"type": "tool.confirm", **decision})
+        await _answer(a, "d1")  # durable after the grant (committed with tool.resolved)
+        await a.send({"type": "grants.list", "id": "g0"})
+        assert (await a.expect("grants", id="g0"))["tools"] == ["notes_delete"]
+        async with commits_failing(db, a, srv.port):
+            await a.send({"type": "grants.revoke", "id": "rv", "tool": "notes_delete"})
+            revoked = await a.expect("grants", id="rv")
+            assert revoked["tools"] == []  # the user is told it is revoked: journaled
+            await srv.crash()
     last = max(msg["seq"] for msg in a.seen if "seq" in msg)
     async with running(settings_for(tmp_path)) as gw, peer(gw, hello=False) as again:
         await again.hello(**resume_fields(a, last))
@@ -427,18 +258,13 @@ async def test_a3_d6_a_revoked_grant_stays_revoked_after_a_crash_in_a_store_outa
         ), (grants, first)
 
 
-async def _until_unavailable(url: str) -> None:
-    """Wait until the server at ``url`` says its store cannot commit (SPEC D6): a new
-    ``hello`` is refused ``unavailable`` while any commit is failing."""
+async def _reply(p: Peer, request_id: str) -> dict[str, Any]:
+    """The first frame answering ``request_id`` (its reply or an ``error``)."""
     async with asyncio.timeout(WAIT):
         while True:
-            async with connect(url, subprotocols=["toolbus.v1"]) as ws:  # type: ignore[list-item]
-                probe = Peer(ws)
-                await probe.send({"type": "hello", "token": "alice-token", "profile": "demo"})
-                first = await probe.recv()
-            if first.get("code") == "unavailable":
-                return
-            await asyncio.sleep(50 * MS)
+            msg = await p.recv()
+            if msg.get("id") == request_id:
+                return msg
 
 
 async def test_j3_j6_d6_a_job_cancelled_in_a_store_outage_is_answered_and_never_runs(
@@ -455,47 +281,30 @@ async def test_j3_j6_d6_a_job_cancelled_in_a_store_outage_is_answered_and_never_
     background task), and after the restart J2 runs."""
     script = gateway_script("tests.gateway.proto_tools:one_job_at_a_time")
     db = tmp_path / "data" / "toolbus.db"
-    async with script_server(script, str(tmp_path)) as srv:
-        async with peer_at(f"ws://127.0.0.1:{srv.port}/") as a:
-            await a.invoke("j1", "hold_job", {})
-            await a.invoke("j2", "mark_job", {})
-            j2 = (await _answer(a, "j2"))["job_id"]
-            await a.send({"type": "job.get", "id": "g", "job_id": j2})
-            assert (await a.expect("job", id="g"))["job"]["state"] == "queued"
-            await asyncio.sleep(0.5)
-            locker = await asyncio.create_subprocess_exec(
-                sys.executable, "-c", LOCKER, str(db),
-                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            )  # fmt: skip
-            try:
-                assert locker.stdout is not None
-                assert await locker.stdout.readline() == b"locked\n"
-                await a.send({"type": "context.update", "id": "probe", "context": {}})
-                await a.expect("context", id="probe")
-                await _until_unavailable(f"ws://127.0.0.1:{srv.port}/")
-                await a.send({"type": "job.cancel", "id": "cx", "job_id": j2})
-                try:
-                    async with asyncio.timeout(3.0):
-                        while True:
-                            reply = await a.recv()
-                            if reply.get("id") == "cx":
-                                break
-                except TimeoutError:
-                    reply = {"type": "nothing within 3 s"}
-                await srv.crash()
-            finally:
-                if locker.returncode is None:
-                    locker.kill()
-                await locker.communicate()
-    async with running(proto_tools.one_job_at_a_time(tmp_path)) as gw:
-        async with peer(gw, hello=False) as again:
-            last = max(msg["seq"] for msg in a.seen if "seq" in msg)
-            await again.hello(**resume_fields(a, last))
-            await asyncio.sleep(1.0)
-    ran = proto_tools.runs(tmp_path)
-    told_pending = reply["type"] == "error" and reply.get("code") == "unavailable"
-    answered = reply["type"] in ("job", "error")
-    assert (answered, told_pending or "j2" not in ran) == (True, True), (reply, ran)
+    async with (
+        script_server(script, str(tmp_path)) as srv,
+        peer_at(f"ws://127.0.0.1:{srv.port}/") as a,
+    ):
+        await a.invoke("j1", "hold_job", {})
+        await a.invoke("j2", "mark_job", {})
+        j2 = (await _answer(a, "j2"))["job_id"]
+        await a.send({"type": "job.get", "id": "g", "job_id": j2})
+        assert (await a.expect("job", id="g"))["job"]["state"] == "queued"
+        async with commits_failing(db, a, srv.port):
+            await a.send({"type": "job.cancel", "id": "cx", "job_id": j2})
+            reply = await _reply(a, "cx")
+            await srv.crash()
+    assert (reply["type"], reply.get("code")) == ("error", "unavailable"), reply
+    async with (
+        running(proto_tools.one_job_at_a_time(tmp_path)) as gw,
+        peer(gw, hello=False) as again,
+    ):
+        last = max(msg["seq"] for msg in a.seen if "seq" in msg)
+        await again.hello(**resume_fields(a, last))
+        # The cancel was refused, so the job goes on: the restart ends the held job
+        # (not idempotent: failed), and j2 gets the slot and runs.
+        done = await again.expect("job.done", job_id=j2)
+    assert (done["job_id"], proto_tools.runs(tmp_path)) == (j2, ["j2"])
 
 
 async def test_a4_d6_a_session_ended_by_bye_in_a_store_outage_stays_ended(
@@ -510,30 +319,17 @@ async def test_a4_d6_a_session_ended_by_bye_in_a_store_outage_stays_ended(
     succeeds."""
     script = gateway_script("tests.support:settings_for")
     db = tmp_path / "data" / "toolbus.db"
-    async with script_server(script, str(tmp_path)) as srv:
-        url = f"ws://127.0.0.1:{srv.port}/"
-        async with peer_at(url) as a:
-            await barrier(a)
-            await asyncio.sleep(0.5)
-            locker = await asyncio.create_subprocess_exec(
-                sys.executable, "-c", LOCKER, str(db),
-                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            )  # fmt: skip
-            try:
-                assert locker.stdout is not None
-                assert await locker.stdout.readline() == b"locked\n"
-                await a.send({"type": "context.update", "id": "probe", "context": {}})
-                await a.expect("context", id="probe")
-                await _until_unavailable(url)
-                await a.send({"type": "bye"})
-                code = (await closed(a)).rcvd
-                assert code is not None and code.code == 4001
-                await asyncio.sleep(0.3)
-                await srv.crash()
-            finally:
-                if locker.returncode is None:
-                    locker.kill()
-                await locker.communicate()
+    async with (
+        script_server(script, str(tmp_path)) as srv,
+        peer_at(f"ws://127.0.0.1:{srv.port}/") as a,
+    ):
+        await barrier(a)  # welcome came once the session row was durable
+        async with commits_failing(db, a, srv.port):
+            await a.send({"type": "bye"})
+            code = (await closed(a)).rcvd
+            assert code is not None
+            assert code.code == 4001  # once the session's end is journaled
+            await srv.crash()
     async with running(settings_for(tmp_path)) as gw, peer(gw, hello=False) as again:
         await again.hello(**resume_fields(a, 1))
         assert again.welcome["resumed"] is False, again.welcome

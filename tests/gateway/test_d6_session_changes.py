@@ -12,19 +12,17 @@ import asyncio
 import random
 import shutil
 import sqlite3
-import sys
 from pathlib import Path
 from typing import Any, cast
 
 import pytest
-from websockets.asyncio.client import connect
 
 from gateway.server import Gateway
 from gateway.store import SessionRow, SqliteStore, Store, StoreUnavailable
 from tests.gateway import proto_tools
-from tests.gateway.store_faults import LOCKER, FlakyStore, until
+from tests.gateway.store_faults import FlakyStore, until
+from tests.gateway.test_j6_crash_decided import commits_failing
 from tests.support import (
-    MS,
     WAIT,
     Peer,
     barrier,
@@ -36,20 +34,6 @@ from tests.support import (
     script_server,
     settings_for,
 )
-
-
-async def _until_unavailable(url: str) -> None:
-    """Wait until the server at ``url`` refuses a new ``hello`` ``unavailable`` (SPEC
-    D6): its commits have failed for ``store.unavailable_after`` seconds."""
-    async with asyncio.timeout(WAIT):
-        while True:
-            async with connect(url, subprotocols=["toolbus.v1"]) as ws:  # type: ignore[list-item]
-                probe = Peer(ws)
-                await probe.send({"type": "hello", "token": "alice-token", "profile": "demo"})
-                first = await probe.recv()
-            if first.get("code") == "unavailable":
-                return
-            await asyncio.sleep(50 * MS)
 
 
 async def _reply(p: Peer, request_id: str) -> dict[str, Any]:
@@ -69,32 +53,18 @@ async def test_s5_d6_a_context_change_confirmed_in_a_store_outage_survives_a_cra
     the new context (it was journaled, not only staged)."""
     script = gateway_script("tests.support:settings_for")
     db = tmp_path / "data" / "toolbus.db"
-    async with script_server(script, str(tmp_path)) as srv:
-        url = f"ws://127.0.0.1:{srv.port}/"
-        async with peer_at(url) as a:
-            await a.send({"type": "grants.list", "id": "b"})
-            await _reply(a, "b")
-            await asyncio.sleep(0.5)  # well past the commit it owes
-            locker = await asyncio.create_subprocess_exec(
-                sys.executable, "-c", LOCKER, str(db),
-                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            )  # fmt: skip
-            try:
-                assert locker.stdout is not None
-                assert await locker.stdout.readline() == b"locked\n"
-                await a.send({"type": "context.update", "id": "probe", "context": {}})
-                await _reply(a, "probe")
-                await _until_unavailable(url)
-                change = {"type": "context.update", "id": "cx", "context": {"project_id": "p7"}}
-                await a.send(change)
-                reply = await _reply(a, "cx")
-                assert reply["type"] == "context", reply
-                assert reply["context"]["project_id"] == "p7"
-                await srv.crash()
-            finally:
-                if locker.returncode is None:
-                    locker.kill()
-                await locker.communicate()
+    async with (
+        script_server(script, str(tmp_path)) as srv,
+        peer_at(f"ws://127.0.0.1:{srv.port}/") as a,
+    ):
+        await barrier(a)  # welcome came once the session row was durable
+        async with commits_failing(db, a, srv.port):
+            change = {"type": "context.update", "id": "cx", "context": {"project_id": "p7"}}
+            await a.send(change)
+            reply = await _reply(a, "cx")
+            assert reply["type"] == "context", reply
+            assert reply["context"]["project_id"] == "p7"
+            await srv.crash()
     last = max(msg["seq"] for msg in a.seen if "seq" in msg)
     async with running(settings_for(tmp_path)) as gw, peer(gw, hello=False) as again:
         await again.hello(**resume_fields(a, last))
