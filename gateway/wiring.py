@@ -411,6 +411,8 @@ def build_gateway(
         origins.allows,
     )
     health = Health(status, metrics, outbox, sessions, pipeline, approvals, jobs, workers)
+    side_routes = SideRoutes(health)
+    mcp_endpoint.side_routes = side_routes.answer  # SPEC O2 on a kept-alive /mcp connection
     node = _node(settings, store, sessions, outbox, catalog, bucket, clock)
     connection_parts.opener.node = node
     if node is not None:
@@ -460,7 +462,7 @@ def build_gateway(
         mcp_endpoint=mcp_endpoint,
         mcp_http=McpHttp(mcp_endpoint),
         origins=origins,
-        vetting=UpgradeVetting(origins, SideRoutes(health)),
+        vetting=UpgradeVetting(origins, side_routes),
         health=health,
         recovery=recovery,
         handoff=handoff,

@@ -15,6 +15,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any, cast
 
+import h11
 from uvicorn import Config
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.server import ServerState
@@ -38,22 +39,63 @@ def is_mcp(head: bytes) -> bool | None:
     return None if undecided else False
 
 
+class HeadTimed(H11Protocol):
+    """uvicorn's h11 protocol with a deadline on every request head (SPEC E1, E3, S1).
+
+    uvicorn arms no timer while a request head is incomplete (its keep-alive timer runs
+    only between requests and stops at the first byte), so a client that sends half a
+    head would hold the socket forever, before any credential is checked. Once bytes of
+    a head wait (h11's ``their_state`` is ``IDLE`` with data buffered), the connection
+    gets ``head_timeout`` seconds in all to complete it (a slow trickle does not move
+    the deadline), else it is closed, as websockets closes a WebSocket's half-sent
+    upgrade after its ``open_timeout`` (10 s by default, which toolbus keeps).
+    """
+
+    head_timeout = 10.0
+    _head_timer: asyncio.TimerHandle | None = None
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        waiting = self.conn.their_state is h11.IDLE and bool(self.conn.trailing_data[0])
+        if waiting and self._head_timer is None:
+            self._head_timer = self.loop.call_later(self.head_timeout, self._head_late)
+        elif not waiting and self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_late(self) -> None:
+        self._head_timer = None
+        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+            self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+        super().connection_lost(exc)
+
+
 class McpHttp:
     """uvicorn's h11 protocol, configured once, for connections that asked for ``/mcp``.
 
     Args:
         app: the ASGI app (:class:`gateway.mcp.serve.McpEndpoint`).
+        head_timeout: seconds a request head may take to arrive whole (:class:`HeadTimed`);
+            websockets' default ``open_timeout``.
     """
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, head_timeout: float = 10.0) -> None:
         self.config = Config(
             app, http="h11", lifespan="off", log_config=None, access_log=False, ws="none"
         )
         self.config.load()
         self.state = ServerState()
+        self.head_timeout = head_timeout
 
     def protocol(self) -> H11Protocol:
-        return H11Protocol(self.config, self.state, {})
+        protocol = HeadTimed(self.config, self.state, {})
+        protocol.head_timeout = self.head_timeout
+        return protocol
 
     def shutdown(self) -> None:
         """Close idle keep-alive connections and end open responses (SPEC S4)."""

@@ -179,6 +179,10 @@ class McpEndpoint:
         self.authority = authority
         self.bucket = bucket
         self.clock = clock
+        self.side_routes: Callable[[str, str], Any] | None = None
+        """``(method, path) -> Response`` of :class:`gateway.http_front.SideRoutes`: a
+        request off ``/mcp`` on a connection that began with one (a kept-alive
+        connection of a pooling client) is answered as on any other (SPEC O2, M4)."""
         self._links: dict[tuple[str | None, str, str], _Frames] = {}
         self._left_out: set[str] = set()
         """Export findings of tools left out of ``tools/list``, logged once each (M4)."""
@@ -207,6 +211,9 @@ class McpEndpoint:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
+            return
+        if self.side_routes is not None and scope["path"].rstrip("/") != "/mcp":
+            await _side_route(self.side_routes(scope["method"], scope["path"]), send)
             return
         refusal = self.admission.refusal(scope)
         if refusal is not None:
@@ -416,3 +423,13 @@ def _call_id(mcp_session: str, request_id: Any) -> str:
 
 def _error(text: str) -> types.CallToolResult:
     return types.CallToolResult(content=[types.TextContent(text=text)], is_error=True)
+
+
+async def _side_route(response: Any, send: Send) -> None:
+    """A side route's answer (a websockets ``Response``: ``status_code``, ``headers``,
+    ``body``) as an ASGI response (SPEC O2)."""
+    headers = [
+        (k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in response.headers.raw_items()
+    ]
+    await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
+    await send({"type": "http.response.body", "body": response.body or b""})

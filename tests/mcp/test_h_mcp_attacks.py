@@ -451,9 +451,13 @@ async def test_h_m4_e1_a_half_sent_mcp_request_head_is_not_held_forever(tmp_path
     async with running(settings_for(tmp_path)) as gw:
         ws_reader, ws_writer = await asyncio.open_connection("127.0.0.1", gw.port)
         mcp_reader, mcp_writer = await asyncio.open_connection("127.0.0.1", gw.port)
+        body_reader, body_writer = await asyncio.open_connection("127.0.0.1", gw.port)
         ws_writer.write(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n")
         mcp_writer.write(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n")
-        await asyncio.gather(ws_writer.drain(), mcp_writer.drain())
+        # A whole head announcing a body that never comes: refused 401 (no credential)
+        # before its body is read, and closed.
+        body_writer.write(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n{")
+        await asyncio.gather(ws_writer.drain(), mcp_writer.drain(), body_writer.drain())
 
         async def closed(reader: asyncio.StreamReader) -> bool:
             try:
@@ -466,11 +470,14 @@ async def test_h_m4_e1_a_half_sent_mcp_request_head_is_not_held_forever(tmp_path
             except TimeoutError:
                 return False
 
-        ws_closed, mcp_closed = await asyncio.gather(closed(ws_reader), closed(mcp_reader))
-        for writer in (ws_writer, mcp_writer):
+        ws_closed, mcp_closed, body_closed = await asyncio.gather(
+            closed(ws_reader), closed(mcp_reader), closed(body_reader)
+        )
+        for writer in (ws_writer, mcp_writer, body_writer):
             writer.close()
     assert ws_closed, "websockets kept a half-sent head (the control case)"
     assert mcp_closed, "a half-sent POST /mcp head is held open with no timeout"
+    assert body_closed, "an unauthenticated POST /mcp whose body never comes is held open"
 
 
 # -- M3 + I8: a cancelled call's question (2025-era server) ------------------------------
