@@ -321,6 +321,13 @@ class McpEndpoint:
                 # WebSocket invoke with them is refused by the codec, this one here,
                 # with the same text. Nothing is registered for the call (F33).
                 return _error(f"{ErrorCode.INVALID_PARAMS}: {problem}")
+            if call_id in link.waiters:
+                # SPEC I12: a second in-flight use of a call id is refused; the first
+                # request keeps its queue and gets its one answer.
+                return _error(
+                    f"{ErrorCode.DUPLICATE_CALL}: request id {ctx.request_id} is still "
+                    f"running in this MCP session"
+                )
             invoke = m.Invoke(id=call_id, call_id=call_id, tool=params.name, params=arguments)
             link.waiters[call_id] = asyncio.Queue()
             try:
