@@ -23,7 +23,14 @@ its :meth:`~ToolbusTools.tools_schema` to the ``LLMContext``::
   failure, so the model can act on it.
 - **Approvals.** ``on_approval(req)`` gets each :class:`~toolbus.ApprovalRequest` of
   this adapter's calls and returns a :class:`~toolbus.Decision` (or ``None`` to answer
-  later through ``req``); it may be a coroutine function (SPEC A2, A3).
+  later through ``req``); it may be a coroutine function (SPEC A2, A3). Each request is
+  asked in a task of its own, so a callback still waiting for the user does not hold
+  back the next question. A callback that raises is logged and its request stays
+  pending, as with the Client's own ``on_approval`` (toolbus/client_approvals.py): the
+  user did not decline, so no ``deny`` is sent in the user's name (the audit would say
+  "user"); whoever else holds the request (``bus.approvals()``) can still answer it,
+  else the server denies it at the approval timeout or when the call is cancelled
+  (SPEC A4, reasons ``timeout`` / ``cancelled``). Later requests are asked as before.
 - **Jobs.** ``async`` tools are registered as Pipecat async function calls
   (``cancel_on_interruption=False``): the dispatch message is an intermediate result
   the model says at once, and the job's end is the final result, which Pipecat puts
@@ -35,9 +42,10 @@ its :meth:`~ToolbusTools.tools_schema` to the ``LLMContext``::
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any
 
 from pipecat.adapters.llm.schemas.direct_function import tool_options
@@ -139,7 +147,7 @@ class ToolbusTools(FrameProcessor):
         """The catalog version last given to the model."""
         self._handlers: dict[tuple[str, str], Handler] = {}
         self._calls: set[str] = set()
-        self._tasks: list[Any] = []
+        self._tasks: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------------ schemas
 
@@ -197,7 +205,7 @@ class ToolbusTools(FrameProcessor):
             await params.result_callback(job_payload(await out.result()))
         else:
             await params.result_callback(out.message)
-            self._tasks.append(self.create_task(self._tell_when_done(out)))
+            self._spawn(self._tell_when_done(out))
 
     async def _tell_when_done(self, handle: JobHandle) -> None:
         """A promoted sync call (SPEC I14): its job's end joins the conversation."""
@@ -239,17 +247,45 @@ class ToolbusTools(FrameProcessor):
             await self.push_frame(LLMSetToolsFrame(tools=self.tools_schema()))
 
     async def _answer_approvals(self) -> None:
-        """Hand this adapter's approval requests to ``on_approval`` (SPEC A2, A3)."""
-        assert self.on_approval is not None
+        """Hand each approval request of this adapter's calls to ``on_approval``, in a
+        task of its own (SPEC A2, A3): one that raises or waits does not stop the rest."""
         async with self.client.approvals() as requests:
             async for req in requests:
-                if req.call_id not in self._calls:
-                    continue
-                decision = self.on_approval(req)
-                if inspect.isawaitable(decision):
-                    decision = await decision
-                if decision is not None:
-                    await req.decide(decision)
+                if req.call_id in self._calls:
+                    self._spawn(self._ask(req))
+
+    async def _ask(self, req: ApprovalRequest) -> None:
+        """Ask ``on_approval`` about ``req`` and send the decision it returns (SPEC A3).
+
+        A callback that raises is logged and ``req`` stays pending, as with the Client's
+        own callback: nothing is sent in the user's name; the request can still be
+        answered through ``req`` (``bus.approvals()``), else the server denies it at the
+        approval timeout or when the call is cancelled (SPEC A4)."""
+        assert self.on_approval is not None
+        try:
+            decision = self.on_approval(req)
+            if inspect.isawaitable(decision):
+                decision = await decision
+        except Exception:
+            logger.exception("on_approval raised for call %s; it stays pending", req.call_id)
+            return
+        if decision is None or req.decided is not None or req.settled:
+            return
+        try:
+            await req.decide(m.Decision(decision))
+        except ToolbusClientError as exc:
+            logger.warning("could not send the decision for call %s: %s", req.call_id, exc)
+
+    def _spawn(
+        self, coroutine: Coroutine[Any, Any, None], pool: set[asyncio.Task[None]] | None = None
+    ) -> asyncio.Task[None]:
+        """Run ``coroutine`` as a task of this processor, kept in ``pool`` (default: the
+        background tasks) until it ends."""
+        pool = self._tasks if pool is None else pool
+        task: asyncio.Task[None] = self.create_task(coroutine)
+        pool.add(task)
+        task.add_done_callback(pool.discard)
+        return task
 
     # ------------------------------------------------------------------ frames
 
@@ -261,12 +297,12 @@ class ToolbusTools(FrameProcessor):
             await self._stop()
         await self.push_frame(frame, direction)
         if isinstance(frame, StartFrame):
-            self._tasks.append(self.create_task(self._follow_catalog()))
+            self._spawn(self._follow_catalog())
             if self.on_approval is not None:
-                self._tasks.append(self.create_task(self._answer_approvals()))
+                self._spawn(self._answer_approvals())
 
     async def _stop(self) -> None:
-        tasks, self._tasks = self._tasks, []
+        tasks, self._tasks = list(self._tasks), set()  # done tasks leave the old set
         for task in tasks:
             await self.cancel_task(task)
 
