@@ -31,6 +31,13 @@ its :meth:`~ToolbusTools.tools_schema` to the ``LLMContext``::
   "user"); whoever else holds the request (``bus.approvals()``) can still answer it,
   else the server denies it at the approval timeout or when the call is cancelled
   (SPEC A4, reasons ``timeout`` / ``cancelled``). Later requests are asked as before.
+- **Cancellation.** When Pipecat cancels a function call (an interruption for sync
+  tools, ``cancel_on_interruption=True``; its function call timeout; the LLM
+  cancelling an async call) it broadcasts a ``FunctionCallCancelFrame`` and tells the
+  model the call was cancelled. The adapter then cancels it on toolbus too:
+  ``call.cancel`` (SPEC I8; a pending approval is settled, denied ``cancelled``,
+  SPEC A4, so a late "allow" changes nothing), or ``job.cancel`` for a job it already
+  follows (SPEC J3); an ``on_approval`` still asking about that call is cancelled.
 - **Jobs.** ``async`` tools are registered as Pipecat async function calls
   (``cancel_on_interruption=False``): the dispatch message is an intermediate result
   the model says at once, and the job's end is the final result, which Pipecat puts
@@ -55,6 +62,7 @@ from pipecat.frames.frames import (
     CancelFrame,
     EndFrame,
     Frame,
+    FunctionCallCancelFrame,
     FunctionCallResultProperties,
     LLMMessagesAppendFrame,
     LLMSetToolsFrame,
@@ -66,7 +74,7 @@ from pipecat.services.llm_service import FunctionCallParams
 from protocol import messages as m
 from protocol.codec import encode_json
 from toolbus.client import Client
-from toolbus.errors import CallFailed, ToolbusClientError
+from toolbus.errors import CallFailed, RequestRefused, ToolbusClientError
 from toolbus.handles import ApprovalRequest, JobHandle, JobOutcome
 
 logger = logging.getLogger("toolbus.pipecat")
@@ -76,6 +84,10 @@ ApprovalHandler = Callable[[ApprovalRequest], "m.Decision | Awaitable[m.Decision
 ClientTool = Callable[[dict[str, Any]], Any]
 """A ``client``-mode tool's handler: gets the arguments, returns (or awaits) a JSON value."""
 Handler = Callable[[FunctionCallParams], Awaitable[None]]
+
+CANCEL_TIMEOUT = 5.0
+"""Seconds to wait for the answer to a ``call.cancel`` / ``job.cancel`` (SPEC I8, J3);
+also how long stopping the processor waits for cancellations still under way."""
 
 
 def error_payload(error: ToolbusClientError) -> dict[str, Any]:
@@ -146,8 +158,12 @@ class ToolbusTools(FrameProcessor):
         self.version: str | None = None
         """The catalog version last given to the model."""
         self._handlers: dict[tuple[str, str], Handler] = {}
-        self._calls: set[str] = set()
+        self._calls: dict[str, JobHandle | None] = {}
+        """Pipecat calls not settled yet -> the job an async call waits for, once known."""
         self._tasks: set[asyncio.Task[None]] = set()
+        self._asking: dict[asyncio.Task[None], str] = {}
+        """``on_approval`` tasks still running -> the call id they ask about."""
+        self._cancels: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------------ schemas
 
@@ -182,8 +198,21 @@ class ToolbusTools(FrameProcessor):
     # ------------------------------------------------------------------ calls
 
     async def _call(self, params: FunctionCallParams, *, is_async: bool) -> None:
+        call_id = params.tool_call_id
+        self._calls[call_id] = None
+        try:
+            await self._run(params, is_async=is_async)
+        except asyncio.CancelledError:
+            # Pipecat cancels this task, then broadcasts its FunctionCallCancelFrame:
+            # the entry stays for _cancel to find (SPEC I8).
+            raise
+        except BaseException:
+            self._calls.pop(call_id, None)
+            raise
+        self._calls.pop(call_id, None)
+
+    async def _run(self, params: FunctionCallParams, *, is_async: bool) -> None:
         name, call_id = params.function_name, params.tool_call_id
-        self._calls.add(call_id)
         info = self.client.tool(name)
         if info is not None and info.mode == "client":
             await params.result_callback(await self._client_tool(name, dict(params.arguments)))
@@ -200,6 +229,7 @@ class ToolbusTools(FrameProcessor):
         elif is_async:
             # Pipecat's async function call: the dispatch message now (the model says it
             # at once, even beside sibling calls), the job's end later.
+            self._calls[call_id] = out
             later = FunctionCallResultProperties(is_final=False, run_llm=True)
             await params.result_callback(out.message, properties=later)
             await params.result_callback(job_payload(await out.result()))
@@ -252,7 +282,9 @@ class ToolbusTools(FrameProcessor):
         async with self.client.approvals() as requests:
             async for req in requests:
                 if req.call_id in self._calls:
-                    self._spawn(self._ask(req))
+                    task = self._spawn(self._ask(req))
+                    self._asking[task] = req.call_id
+                    task.add_done_callback(lambda done: self._asking.pop(done, None))
 
     async def _ask(self, req: ApprovalRequest) -> None:
         """Ask ``on_approval`` about ``req`` and send the decision it returns (SPEC A3).
@@ -276,6 +308,23 @@ class ToolbusTools(FrameProcessor):
         except ToolbusClientError as exc:
             logger.warning("could not send the decision for call %s: %s", req.call_id, exc)
 
+    async def _cancel(self, call_id: str, handle: JobHandle | None) -> None:
+        """Pipecat cancelled ``call_id`` and told the model so: cancel it on toolbus too,
+        ``call.cancel`` (SPEC I8; its pending approval is denied ``cancelled``, A4), or
+        ``job.cancel`` of ``handle``, the job of a dispatched async call (SPEC J3)."""
+        for task, asked in list(self._asking.items()):
+            if asked == call_id:
+                task.cancel()  # the question is moot: the call is gone
+        try:
+            if handle is not None:
+                await self.client.cancel_job(handle.job_id, timeout=CANCEL_TIMEOUT)
+            else:
+                await self.client.cancel(call_id, timeout=CANCEL_TIMEOUT)
+        except RequestRefused as exc:
+            logger.debug("call %s had already ended on toolbus: %s", call_id, exc)
+        except ToolbusClientError as exc:
+            logger.warning("could not cancel call %s on toolbus: %s", call_id, exc)
+
     def _spawn(
         self, coroutine: Coroutine[Any, Any, None], pool: set[asyncio.Task[None]] | None = None
     ) -> asyncio.Task[None]:
@@ -290,9 +339,13 @@ class ToolbusTools(FrameProcessor):
     # ------------------------------------------------------------------ frames
 
     async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
-        """Pass every frame on; start following the session at ``StartFrame`` and stop
-        at ``EndFrame`` / ``CancelFrame``."""
+        """Pass every frame on; start following the session at ``StartFrame``, cancel a
+        call on toolbus at its ``FunctionCallCancelFrame`` (SPEC I8), and stop at
+        ``EndFrame`` / ``CancelFrame``."""
         await super().process_frame(frame, direction)
+        if isinstance(frame, FunctionCallCancelFrame) and frame.tool_call_id in self._calls:
+            handle = self._calls.pop(frame.tool_call_id)  # once, whatever else repeats it
+            self._spawn(self._cancel(frame.tool_call_id, handle), self._cancels)
         if isinstance(frame, EndFrame | CancelFrame):
             await self._stop()
         await self.push_frame(frame, direction)
@@ -302,7 +355,13 @@ class ToolbusTools(FrameProcessor):
                 self._spawn(self._answer_approvals())
 
     async def _stop(self) -> None:
-        tasks, self._tasks = list(self._tasks), set()  # done tasks leave the old set
+        # Cancellations under way are let finish (bounded): the model was told the call
+        # is cancelled, so toolbus must not go on running it (SPEC I8).
+        if self._cancels:
+            await asyncio.wait(set(self._cancels), timeout=CANCEL_TIMEOUT)
+        tasks = self._tasks | self._cancels  # a copy: done tasks leave the old sets
+        self._tasks, self._cancels = set(), set()
+        self._calls.clear()
         for task in tasks:
             await self.cancel_task(task)
 
