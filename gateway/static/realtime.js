@@ -39,6 +39,8 @@
 //     running and no response is in flight, one response.create follows;
 //   - a job that ends (job.done / job.failed / job.cancelled) becomes one system message
 //     item plus response.create, after any in-flight response, once per job.
+//   - after a lost session (resumed: false) its job events are gone: job.list, then job.get
+//     with a doubling delay for each job still unfinished, until it ends (SPEC D3, J3).
 
 import { realtimeExport } from "./exportrules.js";
 
