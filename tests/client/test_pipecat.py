@@ -6,8 +6,9 @@ whose function calls go through Pipecat's function-call machinery to the real to
 server. Asserts are exact on what the model saw at each inference (the LLM context),
 on the results Pipecat received, and on the toolbus side. Covers V2 with C3/C4
 (catalog as functions, followed on change), I12/I13 (call id, catalog version), A2-A5
-(approval callback, declined text), I9/J4/I14 (dispatch message, job end delivered
-later), I3 (client tools), I4 (errors as results).
+(approval callback, each request asked on its own, declined text), I9/J4/I14 (dispatch
+message, job end delivered later), I8/J3 (a call Pipecat cancels is cancelled on
+toolbus), I3 (client tools), I4 (errors as results).
 """
 
 from __future__ import annotations
