@@ -23,7 +23,21 @@ user context aggregator and give its :meth:`~ToolbusTools.tools_schema` to the `
   failure, so the model can act on it.
 - **Approvals.** ``on_approval(req)`` gets each :class:`~toolbus.ApprovalRequest` of
   this adapter's calls and returns a :class:`~toolbus.Decision` (or ``None`` to answer
-  later through ``req``); it may be a coroutine function (SPEC A2, A3).
+  later through ``req``); it may be a coroutine function (SPEC A2, A3). Each request is
+  asked in a task of its own, so a callback still waiting for the user does not hold
+  back the next question. A callback that raises is logged and its request stays
+  pending, as with the Client's own ``on_approval`` (toolbus/client_approvals.py): the
+  user did not decline, so no ``deny`` is sent in the user's name (the audit would say
+  "user"); whoever else holds the request (``bus.approvals()``) can still answer it,
+  else the server denies it at the approval timeout or when the call is cancelled
+  (SPEC A4, reasons ``timeout`` / ``cancelled``). Later requests are asked as before.
+- **Cancellation.** When Pipecat cancels a function call (an interruption for sync
+  tools, ``cancel_on_interruption=True``; its function call timeout; the LLM
+  cancelling an async call) it broadcasts a ``FunctionCallCancelFrame`` and tells the
+  model the call was cancelled. The adapter then cancels it on toolbus too:
+  ``call.cancel`` (SPEC I8; a pending approval is settled, denied ``cancelled``,
+  SPEC A4, so a late "allow" changes nothing), or ``job.cancel`` for a job it already
+  follows (SPEC J3); an ``on_approval`` still asking about that call is cancelled.
 - **Jobs.** ``async`` tools are registered as Pipecat async function calls
   (``cancel_on_interruption=False``): the dispatch message is an intermediate result
   the model says at once, and the job's end is the final result, which Pipecat puts
@@ -35,9 +49,10 @@ user context aggregator and give its :meth:`~ToolbusTools.tools_schema` to the `
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any
 
 from pipecat.adapters.llm.schemas.direct_function import tool_options
@@ -47,6 +62,7 @@ from pipecat.frames.frames import (
     CancelFrame,
     EndFrame,
     Frame,
+    FunctionCallCancelFrame,
     FunctionCallResultProperties,
     LLMMessagesAppendFrame,
     LLMSetToolsFrame,
@@ -58,7 +74,7 @@ from pipecat.services.llm_service import FunctionCallParams
 from protocol import messages as m
 from protocol.codec import encode_json
 from toolbus.client import Client
-from toolbus.errors import CallFailed, ToolbusClientError
+from toolbus.errors import CallFailed, RequestRefused, ToolbusClientError
 from toolbus.handles import ApprovalRequest, JobHandle, JobOutcome
 
 logger = logging.getLogger("toolbus.pipecat")
@@ -68,6 +84,10 @@ ApprovalHandler = Callable[[ApprovalRequest], "m.Decision | Awaitable[m.Decision
 ClientTool = Callable[[dict[str, Any]], Any]
 """A ``client``-mode tool's handler: gets the arguments, returns (or awaits) a JSON value."""
 Handler = Callable[[FunctionCallParams], Awaitable[None]]
+
+CANCEL_TIMEOUT = 5.0
+"""Seconds to wait for the answer to a ``call.cancel`` / ``job.cancel`` (SPEC I8, J3);
+also how long stopping the processor waits for cancellations still under way."""
 
 
 def error_payload(error: ToolbusClientError) -> dict[str, Any]:
@@ -138,8 +158,12 @@ class ToolbusTools(FrameProcessor):
         self.version: str | None = None
         """The catalog version last given to the model."""
         self._handlers: dict[tuple[str, str], Handler] = {}
-        self._calls: set[str] = set()
-        self._tasks: list[Any] = []
+        self._calls: dict[str, JobHandle | None] = {}
+        """Pipecat calls not settled yet -> the job an async call waits for, once known."""
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._asking: dict[asyncio.Task[None], str] = {}
+        """``on_approval`` tasks still running -> the call id they ask about."""
+        self._cancels: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------------ schemas
 
@@ -174,8 +198,21 @@ class ToolbusTools(FrameProcessor):
     # ------------------------------------------------------------------ calls
 
     async def _call(self, params: FunctionCallParams, *, is_async: bool) -> None:
+        call_id = params.tool_call_id
+        self._calls[call_id] = None
+        try:
+            await self._run(params, is_async=is_async)
+        except asyncio.CancelledError:
+            # Pipecat cancels this task, then broadcasts its FunctionCallCancelFrame:
+            # the entry stays for _cancel to find (SPEC I8).
+            raise
+        except BaseException:
+            self._calls.pop(call_id, None)
+            raise
+        self._calls.pop(call_id, None)
+
+    async def _run(self, params: FunctionCallParams, *, is_async: bool) -> None:
         name, call_id = params.function_name, params.tool_call_id
-        self._calls.add(call_id)
         info = self.client.tool(name)
         if info is not None and info.mode == "client":
             await params.result_callback(await self._client_tool(name, dict(params.arguments)))
@@ -192,12 +229,13 @@ class ToolbusTools(FrameProcessor):
         elif is_async:
             # Pipecat's async function call: the dispatch message now (the model says it
             # at once, even beside sibling calls), the job's end later.
+            self._calls[call_id] = out
             later = FunctionCallResultProperties(is_final=False, run_llm=True)
             await params.result_callback(out.message, properties=later)
             await params.result_callback(job_payload(await out.result()))
         else:
             await params.result_callback(out.message)
-            self._tasks.append(self.create_task(self._tell_when_done(out)))
+            self._spawn(self._tell_when_done(out))
 
     async def _tell_when_done(self, handle: JobHandle) -> None:
         """A promoted sync call (SPEC I14): its job's end joins the conversation."""
@@ -239,34 +277,91 @@ class ToolbusTools(FrameProcessor):
             await self.push_frame(LLMSetToolsFrame(tools=self.tools_schema()))
 
     async def _answer_approvals(self) -> None:
-        """Hand this adapter's approval requests to ``on_approval`` (SPEC A2, A3)."""
-        assert self.on_approval is not None
+        """Hand each approval request of this adapter's calls to ``on_approval``, in a
+        task of its own (SPEC A2, A3): one that raises or waits does not stop the rest."""
         async with self.client.approvals() as requests:
             async for req in requests:
-                if req.call_id not in self._calls:
-                    continue
-                decision = self.on_approval(req)
-                if inspect.isawaitable(decision):
-                    decision = await decision
-                if decision is not None:
-                    await req.decide(decision)
+                if req.call_id in self._calls:
+                    task = self._spawn(self._ask(req))
+                    self._asking[task] = req.call_id
+                    task.add_done_callback(lambda done: self._asking.pop(done, None))
+
+    async def _ask(self, req: ApprovalRequest) -> None:
+        """Ask ``on_approval`` about ``req`` and send the decision it returns (SPEC A3).
+
+        A callback that raises is logged and ``req`` stays pending, as with the Client's
+        own callback: nothing is sent in the user's name; the request can still be
+        answered through ``req`` (``bus.approvals()``), else the server denies it at the
+        approval timeout or when the call is cancelled (SPEC A4)."""
+        assert self.on_approval is not None
+        try:
+            decision = self.on_approval(req)
+            if inspect.isawaitable(decision):
+                decision = await decision
+        except Exception:
+            logger.exception("on_approval raised for call %s; it stays pending", req.call_id)
+            return
+        if decision is None or req.decided is not None or req.settled:
+            return
+        try:
+            await req.decide(m.Decision(decision))
+        except ToolbusClientError as exc:
+            logger.warning("could not send the decision for call %s: %s", req.call_id, exc)
+
+    async def _cancel(self, call_id: str, handle: JobHandle | None) -> None:
+        """Pipecat cancelled ``call_id`` and told the model so: cancel it on toolbus too,
+        ``call.cancel`` (SPEC I8; its pending approval is denied ``cancelled``, A4), or
+        ``job.cancel`` of ``handle``, the job of a dispatched async call (SPEC J3)."""
+        for task, asked in list(self._asking.items()):
+            if asked == call_id:
+                task.cancel()  # the question is moot: the call is gone
+        try:
+            if handle is not None:
+                await self.client.cancel_job(handle.job_id, timeout=CANCEL_TIMEOUT)
+            else:
+                await self.client.cancel(call_id, timeout=CANCEL_TIMEOUT)
+        except RequestRefused as exc:
+            logger.debug("call %s had already ended on toolbus: %s", call_id, exc)
+        except ToolbusClientError as exc:
+            logger.warning("could not cancel call %s on toolbus: %s", call_id, exc)
+
+    def _spawn(
+        self, coroutine: Coroutine[Any, Any, None], pool: set[asyncio.Task[None]] | None = None
+    ) -> asyncio.Task[None]:
+        """Run ``coroutine`` as a task of this processor, kept in ``pool`` (default: the
+        background tasks) until it ends."""
+        pool = self._tasks if pool is None else pool
+        task: asyncio.Task[None] = self.create_task(coroutine)
+        pool.add(task)
+        task.add_done_callback(pool.discard)
+        return task
 
     # ------------------------------------------------------------------ frames
 
     async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
-        """Pass every frame on; start following the session at ``StartFrame`` and stop
-        at ``EndFrame`` / ``CancelFrame``."""
+        """Pass every frame on; start following the session at ``StartFrame``, cancel a
+        call on toolbus at its ``FunctionCallCancelFrame`` (SPEC I8), and stop at
+        ``EndFrame`` / ``CancelFrame``."""
         await super().process_frame(frame, direction)
+        if isinstance(frame, FunctionCallCancelFrame) and frame.tool_call_id in self._calls:
+            handle = self._calls.pop(frame.tool_call_id)  # once, whatever else repeats it
+            self._spawn(self._cancel(frame.tool_call_id, handle), self._cancels)
         if isinstance(frame, EndFrame | CancelFrame):
             await self._stop()
         await self.push_frame(frame, direction)
         if isinstance(frame, StartFrame):
-            self._tasks.append(self.create_task(self._follow_catalog()))
+            self._spawn(self._follow_catalog())
             if self.on_approval is not None:
-                self._tasks.append(self.create_task(self._answer_approvals()))
+                self._spawn(self._answer_approvals())
 
     async def _stop(self) -> None:
-        tasks, self._tasks = self._tasks, []
+        # Cancellations under way are let finish (bounded): the model was told the call
+        # is cancelled, so toolbus must not go on running it (SPEC I8).
+        if self._cancels:
+            await asyncio.wait(set(self._cancels), timeout=CANCEL_TIMEOUT)
+        tasks = self._tasks | self._cancels  # a copy: done tasks leave the old sets
+        self._tasks, self._cancels = set(), set()
+        self._calls.clear()
         for task in tasks:
             await self.cancel_task(task)
 

@@ -39,6 +39,8 @@
 //     running and no response is in flight, one response.create follows;
 //   - a job that ends (job.done / job.failed / job.cancelled) becomes one system message
 //     item plus response.create, after any in-flight response, once per job.
+//   - after a lost session (resumed: false) its job events are gone: job.list, then job.get
+//     with a doubling delay for each job still unfinished, until it ends (SPEC D3, J3).
 
 import { realtimeExport } from "./exportrules.js";
 
@@ -104,6 +106,11 @@ export function jobText(job) {
 
 const JOB_STATES = { done: "job.done", failed: "job.failed", cancelled: "job.cancelled" };
 
+/** First delay between two job.get of a job followed after a lost session, in ms; it
+ *  doubles up to the client's backoff cap (`maxDelay`), else FOLLOW_MAX_DELAY (SPEC D3). */
+const FOLLOW_FIRST_DELAY = 500;
+const FOLLOW_MAX_DELAY = 10000;
+
 /**
  * Joins one OpenAI Realtime session to one toolbus session (SPEC V1).
  *
@@ -143,8 +150,10 @@ export class RealtimeBridge extends EventTarget {
     this.catalogVersion = null;
     this._counter = 0;
     this._seen = new Set();       // call_ids ever started: a replayed event runs nothing
-    this._calls = new Map();      // call_id -> {callId, tool, state, jobId, jobEvent}
+    this._calls = new Map();      // call_id -> {callId, tool, state, jobId, jobEvent, resyncs}
     this._announced = new Set();  // job_ids told to the model
+    this._following = new Set();  // job_ids asked with job.get after a lost session
+    this._resyncs = 0;            // lost sessions so far (resumed: false)
     this._items = [];             // conversation items waiting for no response in flight
     this._wantResponse = false;
     this._responding = false;     // between response.created and response.done
@@ -259,7 +268,14 @@ export class RealtimeBridge extends EventTarget {
     if (item.status && item.status !== "completed") return;
     if (!item.call_id || this._seen.has(item.call_id)) return;  // a replay (SPEC I15)
     this._seen.add(item.call_id);
-    const call = { callId: item.call_id, tool: item.name, state: "running", jobId: null, jobEvent: null };
+    const call = {
+      callId: item.call_id,
+      tool: item.name,
+      state: "running",
+      jobId: null,
+      jobEvent: null,
+      resyncs: this._resyncs,  // lost sessions before it started
+    };
     this._calls.set(call.callId, call);
     this._run(call, item.arguments).then(
       (output) => this._answer(call, output),
@@ -289,7 +305,12 @@ export class RealtimeBridge extends EventTarget {
     } catch (err) {
       return errorOutput(err.code || "client", err.message);
     }
-    if (reply.type === "dispatched") call.jobId = reply.job_id;
+    if (reply.type === "dispatched") {
+      call.jobId = reply.job_id;
+      // Dispatched after a lost session (a re-sent invoke, SPEC I15): the job's events
+      // may go to that session (SPEC J4), so follow it with job.get (SPEC D3).
+      if (call.resyncs !== this._resyncs) this._followJob(call.jobId);
+    }
     return outputFor(reply);
   }
 
@@ -368,20 +389,63 @@ export class RealtimeBridge extends EventTarget {
     this._addItem({ type: "message", role: "system", content: [{ type: "input_text", text }] });
   }
 
-  /** After a lost session (resumed: false) the job events it held are gone: ask the
-   *  server for the jobs this bridge started and tell the model about those that ended. */
+  /** After a lost session (resumed: false) the job events it held are gone (SPEC J4: they
+   *  go to the session that created the job): ask the server for the jobs this bridge
+   *  started, tell the model about those that ended, and follow each one still unfinished
+   *  with job.get until it ends (SPEC V1, D3, J3), as the Python client does. */
   async _resyncJobs() {
+    this._resyncs += 1;
     const mine = new Set([...this._calls.values()].map((call) => call.jobId).filter(Boolean));
+    for (const jobId of this._announced) mine.delete(jobId);
     if (!mine.size) return;
-    let jobs;
+    let jobs = [];
     try {
       jobs = await this.toolbus.jobs();
     } catch {
-      return;
+      // no listing (the socket dropped again): job.get below asks for each job
     }
     for (const job of jobs) {
-      const type = JOB_STATES[job.state];
-      if (type && mine.has(job.job_id)) this._announceJob({ type, ...job, summary: job.summary || type });
+      if (mine.has(job.job_id) && this._tellEnded(job)) mine.delete(job.job_id);
+    }
+    for (const jobId of mine) this._followJob(jobId);
+  }
+
+  /** Tell the model about `job` (a JobInfo) if it ended, as for its live job event
+   *  (after its call's dispatch output, once); returns whether it ended. */
+  _tellEnded(job) {
+    const type = JOB_STATES[job.state];
+    if (!type) return false;
+    const call = job.call_id && this._calls.get(job.call_id);
+    const msg = { type, ...job, summary: job.summary || type };
+    if (call) this._onJobEnd(msg);
+    else this._announceJob(msg);
+    return true;
+  }
+
+  /** Ask job.get about `jobId` with a doubling delay (FOLLOW_FIRST_DELAY ms up to the
+   *  client's backoff cap) until it ends, the model was told of it (a live job event
+   *  reached this session), the bridge closed, or the job is not the user's (SPEC J3). A
+   *  failed ask (the socket is down) is asked again later. Once per job. */
+  async _followJob(jobId) {
+    if (this._following.has(jobId)) return;
+    this._following.add(jobId);
+    const cap = Math.max(this.toolbus.maxDelay || FOLLOW_MAX_DELAY, FOLLOW_FIRST_DELAY);
+    let delay = FOLLOW_FIRST_DELAY;
+    try {
+      while (!this._closed && !this._announced.has(jobId)) {
+        await new Promise((resolve) => setTimeout(resolve, delay));
+        if (this._closed || this._announced.has(jobId)) return;
+        let job = null;
+        try {
+          job = await this.toolbus.job(jobId);
+        } catch (err) {
+          if (err?.code === "unknown_job") return;
+        }
+        if (job && this._tellEnded(job)) return;
+        delay = Math.min(delay * 2, cap);
+      }
+    } finally {
+      this._following.delete(jobId);
     }
   }
 }

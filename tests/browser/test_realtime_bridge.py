@@ -24,6 +24,7 @@ from websockets.asyncio.server import ServerConnection, serve
 
 from catalog.exports import to_openai_realtime
 from catalog.visibility import Scope, visible_tools
+from gateway.demo import handlers
 from gateway.server import Gateway
 from tests.browser.realtime_events import (
     Call,
@@ -514,3 +515,43 @@ async def test_websocket_transport(gateway: Gateway, page: Page) -> None:
         assert await take(2) == [output("call_mile", MILE, "evt_2"), respond("evt_3")]
         await page.evaluate("rt.bridge.close(); rt.channel.close()")
     assert received.empty()
+
+
+async def test_a_job_dispatched_to_a_call_resent_after_a_lost_session_is_told_when_it_ends(
+    gateway: Gateway, page: Page, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """V1, I15, J4, D3: the session is lost before the bridge read its call's
+    ``dispatched``; the re-sent invoke gets the recorded ``dispatched`` in the new session,
+    but the job's events still go to the lost one, so the bridge follows the job with
+    ``job.get`` and tells the model once it ends."""
+    monkeypatch.setattr(handlers, "REPORT_SECTION_SECONDS", 1.5)
+    await _start(page, gateway)
+    await _sent(page, 1)
+    await page.evaluate("rt.hold(['dispatched'])")
+    report = Call.of("call_rep", "report", {"topic": "loss", "sections": 1})
+    await _play(page, calling_turn("resp_1", report))
+    await _frames(page, 1)
+    await page.evaluate("rt.held('dispatched')")
+    await page.evaluate(
+        """() => {
+          const closed = rt.closed();
+          rt.client.resumeToken = "not-the-resume-token";
+          rt.client.simulateDrop();
+          return closed.then(() => rt.release());
+        }"""
+    )
+    welcome = await page.evaluate("rt.toolbus('welcome')")
+    assert welcome["resumed"] is False
+    hello, resent = await _frames(page, 2)
+    assert (hello["type"], resent["type"], resent["call_id"]) == ("hello", "invoke", "call_rep")
+    assert await _sent(page, 2) == [output("call_rep", DISPATCH, "evt_2"), respond("evt_3")]
+    await _play(page, spoken_turn("resp_2", DISPATCH))
+    [job] = [j for j in await page.evaluate("rt.client.jobs()") if j["call_id"] == "call_rep"]
+    async with asyncio.timeout(WAIT):
+        [note, again] = await _sent(page, 2)
+    assert (note["type"], note["item"]["type"], again["type"]) == (
+        "conversation.item.create",
+        "message",
+        "response.create",
+    )
+    assert f"(job {job['job_id']}) has finished" in note["item"]["content"][0]["text"]

@@ -43,39 +43,41 @@ async def test_h_v2_a3_one_raising_approval_callback_does_not_silence_later_appr
     Expected: the second call's approval reaches ``on_approval`` and its ALLOW deletes
     the note."""
     settings = settings_for(tmp_path, calls={"approval_timeout": 2})
-    async with running(settings) as gw:
-        async with toolbus.connect(gw.url, token="alice-token", profile="demo") as bus:
-            first = await bus.invoke("notes_create", {"title": "a", "body": "one"})
-            second = await bus.invoke("notes_create", {"title": "b", "body": "two"})
-            assert isinstance(first, toolbus.Result)
-            assert isinstance(second, toolbus.Result)
-            a, b = first.result["note_id"], second.result["note_id"]
-            asked: list[str] = []
+    async with (
+        running(settings) as gw,
+        toolbus.connect(gw.url, token="alice-token", profile="demo") as bus,
+    ):
+        first = await bus.invoke("notes_create", {"title": "a", "body": "one"})
+        second = await bus.invoke("notes_create", {"title": "b", "body": "two"})
+        assert isinstance(first, toolbus.Result)
+        assert isinstance(second, toolbus.Result)
+        a, b = first.result["note_id"], second.result["note_id"]
+        asked: list[str] = []
 
-            async def decide(req: toolbus.ApprovalRequest) -> toolbus.Decision:
-                asked.append(req.call_id)
-                if req.call_id == "c1":
-                    raise RuntimeError("text-to-speech is down")
-                return toolbus.Decision.ALLOW
+        async def decide(req: toolbus.ApprovalRequest) -> toolbus.Decision:
+            asked.append(req.call_id)
+            if req.call_id == "c1":
+                raise RuntimeError("text-to-speech is down")
+            return toolbus.Decision.ALLOW
 
-            tools = ToolbusTools(bus, on_approval=decide)
-            llm = ScriptedLLM(
-                [
-                    Calls((("c1", "notes_delete", {"note_id": a}),)),
-                    Calls((("c2", "notes_delete", {"note_id": b}),)),
-                    Say("Done."),
-                ]
-            )
-            context = LLMContext([SYSTEM], tools=tools.tools_schema())
-            pair = LLMContextAggregatorPair(context)
-            results = Probe(FunctionCallResultFrame)
-            pipeline = Pipeline([Gate(llm), tools, pair.user(), llm, results, pair.assistant()])
-            frames = [LLMMessagesAppendFrame(messages=[USER], run_llm=True)]
-            async with asyncio.timeout(WAIT * 2):
-                await run_test(pipeline, frames_to_send=frames)
-            got: dict[str, Any] = {
-                f.tool_call_id: f.result for f in results.seen if isinstance(f, FunctionCallResultFrame)
-            }
+        tools = ToolbusTools(bus, on_approval=decide)
+        llm = ScriptedLLM(
+            [
+                Calls((("c1", "notes_delete", {"note_id": a}),)),
+                Calls((("c2", "notes_delete", {"note_id": b}),)),
+                Say("Done."),
+            ]
+        )
+        context = LLMContext([SYSTEM], tools=tools.tools_schema())
+        pair = LLMContextAggregatorPair(context)
+        results = Probe(FunctionCallResultFrame)
+        pipeline = Pipeline([Gate(llm), tools, pair.user(), llm, results, pair.assistant()])
+        frames = [LLMMessagesAppendFrame(messages=[USER], run_llm=True)]
+        async with asyncio.timeout(WAIT * 2):
+            await run_test(pipeline, frames_to_send=frames)
+        got: dict[str, Any] = {
+            f.tool_call_id: f.result for f in results.seen if isinstance(f, FunctionCallResultFrame)
+        }
     assert asked == ["c1", "c2"], (asked, got)
     assert got["c2"] == {"deleted": b}, got
 
@@ -98,44 +100,46 @@ async def test_h_v2_i8_a_call_pipecat_cancels_on_interruption_is_cancelled_on_to
     Expected: the interrupted call is cancelled on toolbus; its approval is settled
     (a late allow is not accepted) and the note stays."""
     settings = settings_for(tmp_path, calls={"approval_timeout": 5})
-    async with running(settings) as gw:
-        async with toolbus.connect(gw.url, token="alice-token", profile="demo") as bus:
-            made = await bus.invoke("notes_create", {"title": "a", "body": "one"})
-            assert isinstance(made, toolbus.Result)
-            note = made.result["note_id"]
-            cards: list[toolbus.ApprovalRequest] = []
-            interrupted = asyncio.Event()
-            tools: ToolbusTools
+    async with (
+        running(settings) as gw,
+        toolbus.connect(gw.url, token="alice-token", profile="demo") as bus,
+    ):
+        made = await bus.invoke("notes_create", {"title": "a", "body": "one"})
+        assert isinstance(made, toolbus.Result)
+        note = made.result["note_id"]
+        cards: list[toolbus.ApprovalRequest] = []
+        interrupted = asyncio.Event()
+        tools: ToolbusTools
 
-            async def decide(req: toolbus.ApprovalRequest) -> None:
-                cards.append(req)
+        async def decide(req: toolbus.ApprovalRequest) -> None:
+            cards.append(req)
 
-                async def barge_in() -> None:
-                    await asyncio.sleep(0.2)
-                    await tools.push_frame(InterruptionFrame())
-                    await asyncio.sleep(0.5)
-                    interrupted.set()
+            async def barge_in() -> None:
+                await asyncio.sleep(0.2)
+                await tools.push_frame(InterruptionFrame())
+                await asyncio.sleep(0.5)
+                interrupted.set()
 
-                asyncio.get_running_loop().create_task(barge_in())
-                return None  # the card stays up; the user has not answered yet
+            asyncio.get_running_loop().create_task(barge_in())
+            return None  # the card stays up; the user has not answered yet
 
-            tools = ToolbusTools(bus, on_approval=decide)
-            llm = ScriptedLLM([Calls((("c1", "notes_delete", {"note_id": note}),))])
-            context = LLMContext([SYSTEM], tools=tools.tools_schema())
-            pair = LLMContextAggregatorPair(context)
-            cancels = Probe(FunctionCallCancelFrame)
-            pipeline = Pipeline([Gate(llm), tools, pair.user(), llm, cancels, pair.assistant()])
-            # The conversation ends once the user has barged in.
-            frames = [LLMMessagesAppendFrame(messages=[USER], run_llm=True), Hold(interrupted)]
-            async with asyncio.timeout(WAIT * 2):
-                await run_test(pipeline, frames_to_send=frames)
-            # Pipecat did cancel the function call on the interruption.
-            assert [f.tool_call_id for f in cancels.seen] == ["c1"]
-            await asyncio.sleep(0.5)
-            still = [c.call_id for c in gw.pipeline.in_flight()]
-            [card] = cards
-            late = await card.allow()
-            notes = await bus.invoke("notes_list", {})
-            assert isinstance(notes, toolbus.Result)
+        tools = ToolbusTools(bus, on_approval=decide)
+        llm = ScriptedLLM([Calls((("c1", "notes_delete", {"note_id": note}),))])
+        context = LLMContext([SYSTEM], tools=tools.tools_schema())
+        pair = LLMContextAggregatorPair(context)
+        cancels = Probe(FunctionCallCancelFrame)
+        pipeline = Pipeline([Gate(llm), tools, pair.user(), llm, cancels, pair.assistant()])
+        # The conversation ends once the user has barged in.
+        frames = [LLMMessagesAppendFrame(messages=[USER], run_llm=True), Hold(interrupted)]
+        async with asyncio.timeout(WAIT * 2):
+            await run_test(pipeline, frames_to_send=frames)
+        # Pipecat did cancel the function call on the interruption.
+        assert [f.tool_call_id for f in cancels.seen] == ["c1"]
+        await asyncio.sleep(0.5)
+        still = [c.call_id for c in gw.pipeline.in_flight()]
+        [card] = cards
+        late = await card.allow()
+        notes = await bus.invoke("notes_list", {})
+        assert isinstance(notes, toolbus.Result)
     kept = [n["note_id"] for n in notes.result["notes"]]
     assert (still, late.accepted, kept) == ([], False, [note]), (still, late, kept)

@@ -6,8 +6,9 @@ whose function calls go through Pipecat's function-call machinery to the real to
 server. Asserts are exact on what the model saw at each inference (the LLM context),
 on the results Pipecat received, and on the toolbus side. Covers V2 with C3/C4
 (catalog as functions, followed on change), I12/I13 (call id, catalog version), A2-A5
-(approval callback, declined text), I9/J4/I14 (dispatch message, job end delivered
-later), I3 (client tools), I4 (errors as results).
+(approval callback, each request asked on its own, declined text), I9/J4/I14 (dispatch
+message, job end delivered later), I8/J3 (a call Pipecat cancels is cancelled on
+toolbus), I3 (client tools), I4 (errors as results).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from pipecat.tests.utils import run_test
 from websockets.asyncio.client import ClientConnection
 
 import toolbus
+from gateway.demo import handlers as demo_handlers
 from gateway.server import Gateway
 from tests.client.pipecat_support import Calls, Gate, Hold, Probe, Say, ScriptedLLM
 from tests.support import WAIT
@@ -419,3 +421,59 @@ def test_schema_refs_are_inlined_and_root_rules_described() -> None:
         ' Parameter rules: {"oneOf":[{"required":["day"]},{"required":["tree"]}]}'
     )
     assert _root_rules_note({"type": "object"}) == ""
+
+
+async def test_a_callback_still_waiting_does_not_hold_back_the_next_question(
+    bus: toolbus.Client,
+) -> None:
+    """V2, A2, A3: each approval is asked in a task of its own: the first question waits
+    for the user (here, until the second is answered), the parallel call's is asked
+    meanwhile, and both decisions count (asked one after the other, the first gives up and
+    denies)."""
+    made = [await bus.invoke("notes_create", {"title": t, "body": t}) for t in ("a", "b")]
+    a, b = (r.result["note_id"] for r in made if isinstance(r, toolbus.Result))
+    second_answered = asyncio.Event()
+
+    async def decide(req: toolbus.ApprovalRequest) -> toolbus.Decision:
+        if req.call_id == "call_b":
+            second_answered.set()
+            return toolbus.Decision.ALLOW
+        try:
+            async with asyncio.timeout(WAIT / 2):
+                await second_answered.wait()
+        except TimeoutError:  # call_b was not asked meanwhile: the user gave up
+            return toolbus.Decision.DENY
+        return toolbus.Decision.ALLOW
+
+    tools = ToolbusTools(bus, on_approval=decide)
+    calls = (("call_a", "notes_delete", {"note_id": a}), ("call_b", "notes_delete", {"note_id": b}))
+    llm = ScriptedLLM([Calls(calls), Say("Both deleted.")])
+    down = await _converse(tools, llm, _ask())
+    assert _results(down) == {"call_a": {"deleted": a}, "call_b": {"deleted": b}}
+
+
+async def test_an_async_call_pipecat_cancels_cancels_its_job(
+    gateway: Gateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """V2, I8, J3: Pipecat cancelling an async function call (here every call in flight,
+    ``LLMService.cancel_function_calls``) cancels its dispatched job on toolbus, so the
+    job does not run on unseen."""
+    monkeypatch.setattr(demo_handlers, "REPORT_SECTION_SECONDS", WAIT)
+    async with toolbus.connect(gateway.url, token="alice-token", profile="demo") as bus:
+        tools = ToolbusTools(bus)
+        llm: ScriptedLLM
+
+        async def cancel_calls() -> None:
+            await llm.cancel_function_calls(reason="the user changed their mind")
+
+        llm = ScriptedLLM(
+            [
+                Calls((("call_rep", "report", {"topic": "walk", "sections": 2}),)),
+                Say(DISPATCH, before=cancel_calls),
+            ]
+        )
+        await _converse(tools, llm, _ask())
+        async with asyncio.timeout(WAIT):
+            while (jobs := await bus.jobs()) and jobs[0].state != "cancelled":  # noqa: ASYNC110
+                await asyncio.sleep(0.05)
+    assert [(j.call_id, j.state) for j in jobs] == [("call_rep", "cancelled")]
