@@ -63,7 +63,8 @@ async def test_h_v1_a_job_still_running_when_the_session_is_lost_is_told_when_it
     async with asyncio.timeout(WAIT):
         while not done():  # noqa: ASYNC110 - the job runs in the gateway: poll its row
             await asyncio.sleep(0.05)
-    await asyncio.sleep(2.0)
-    told = await page.evaluate("rt.unsent()")
+    async with asyncio.timeout(WAIT):  # the bridge follows the job with job.get (backoff)
+        while len(told := await page.evaluate("rt.unsent()")) < 2:  # noqa: ASYNC110 - a page
+            await asyncio.sleep(0.05)
     kinds = [(e["type"], e.get("item", {}).get("type")) for e in told]
     assert kinds == [("conversation.item.create", "message"), ("response.create", None)], told
