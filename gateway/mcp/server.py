@@ -6,7 +6,8 @@ it that way:
 
 - connect and ``tools/list`` within ``connect_timeout``; on success the tools are
   published to the catalog (pushed to sessions, SPEC C3);
-- ``notifications/tools/list_changed`` lists again and republishes (SPEC M2);
+- ``notifications/tools/list_changed`` lists again and republishes when any field
+  toolbus derives from the listing changed (SPEC M2, C3);
 - every ``health_interval`` a ``tools/list`` probes the server; a stdio server whose
   output ends is noticed at once (the transport's read stream is watched);
 - when the connection is lost the tools stay in the catalog but answer a typed
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
@@ -270,9 +272,7 @@ class MountedServer:
             before = self.tools
             with anyio.fail_after(self.spec.connect_timeout):
                 await self._load(client)  # a failed probe raises: reconnect
-            if self.tools.keys() != before.keys() or any(
-                _shape(self.tools[n]) != _shape(before[n]) for n in self.tools
-            ):
+            if _listed(self.tools) != _listed(before):
                 logger.info("mcp %s: tools changed, %d now", self.spec.name, len(self.tools))
                 self._publish(self)
         self.last_error = self.last_error or "the server closed the connection"
@@ -332,8 +332,13 @@ class MountedServer:
         }
 
 
-def _shape(tool: ToolDef) -> tuple[Any, ...]:
-    return (tool.description, repr(tool.parameters), tool.dangerous, tool.requires_approval)
+def _listed(tools: Mapping[str, ToolDef]) -> dict[str, tuple[Any, ...]]:
+    """Every field of each tool but its handler (a new closure per listing): any change
+    of what toolbus derives from ``tools/list`` is a change (SPEC M1, M2, C3)."""
+    return {
+        name: tuple(getattr(tool, f.name) for f in dataclasses.fields(tool) if f.name != "func")
+        for name, tool in tools.items()
+    }
 
 
 def describe(exc: BaseException) -> str:
