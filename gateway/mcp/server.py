@@ -11,7 +11,8 @@ it that way:
   ``tools/list`` probes the server; a failed listing keeps the tools and the
   connection and is retried with backoff (:mod:`gateway.mcp.watch`);
 - a dead connection is noticed at once (:mod:`gateway.mcp.transport`): a stdio server
-  whose output ends, an HTTP transport that failed;
+  whose output ends, an HTTP transport that failed, a request refused below JSON-RPC
+  (HTTP 404 for the session after a restart of the server);
 - when the connection is lost the tools stay in the catalog but answer a typed
   ``unavailable`` (SPEC M2) while the task reconnects (or restarts the subprocess)
   with exponential backoff from ``backoff_initial`` to ``backoff_max`` seconds.
@@ -100,7 +101,7 @@ class MountedServer:
             return watched(logged_stdio(params, spec.name), self._lost)
         assert spec.url is not None
         headers = {k: expand_env(v) for k, v in spec.headers.items()}
-        return watched(http(spec.url, headers), self._lost)
+        return watched(http(spec.url, headers, self._lose), self._lost)
 
     def _client(self) -> Client:
         return Client(
@@ -242,12 +243,18 @@ class MountedServer:
         client = self.client
         if client is None or self._lost.is_set():
             raise ToolFailure(ErrorCode.UNAVAILABLE, self._down_text())
-        return await call_tool(client, self.peer, mcp_name, params, ctx, self._lose)
+        return await call_tool(
+            client, self.peer, mcp_name, params, ctx, self._lose, self._lost.is_set
+        )
 
-    def _lose(self) -> None:
-        """The connection closed during a call: the supervisor reconnects (SPEC M2)."""
-        self.last_error = "the connection was lost during a call"
-        self._lost.set()
+    def _lose(self, why: str = "the connection was lost during a call") -> None:
+        """The connection is dead (a call saw it close, or the HTTP transport saw a
+        request refused below JSON-RPC): the supervisor reconnects now (SPEC M2). Not
+        while connecting: a refusal then fails the attempt itself, or is the SDK's own
+        fallback (a 404 to ``server/discover``)."""
+        if self.client is not None and not self._lost.is_set():
+            self.last_error = why
+            self._lost.set()
 
     def _down_text(self) -> str:
         why = f" ({self.last_error})" if self.last_error else ""

@@ -1,22 +1,41 @@
 """The transports of a mounted MCP server, watched for a dead connection (SPEC M2).
 
-:func:`watched` sets ``lost`` when the SDK transport's read stream ends: a stdio server
-that exited, or an HTTP transport that failed (a refused or reset connection).
+A connection is dead when the server can no longer answer on it, whatever the SDK makes
+of that for the request at hand:
+
+- a stdio server's output ends (it exited): :func:`watched` sees its read stream end;
+- a Streamable HTTP request that the server refused below JSON-RPC: HTTP 404 for the
+  ``Mcp-Session-Id`` (the MCP Streamable HTTP spec's "session not found", as after a
+  restart of the server), or an HTTP error whose body is not a JSON-RPC error answering
+  that request (a server that keeps its sessions in memory and says 400, a proxy's 502).
+  The SDK turns those into a JSON-RPC error for the request (``-32603 Server returned an
+  error response``, ``-32600 Session terminated``); :func:`http` tells ``broken`` first,
+  so the caller can answer ``unavailable`` and reconnect instead of ``handler_error``;
+- a refused or reset HTTP connection ends the SDK's transport, hence its read stream.
+
+A JSON-RPC error the server sends as the answer to a request (at HTTP 200, or at an
+error status with the request's id) is the server's answer, not a dead connection.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import anyio
+import httpx2
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.message import SessionMessage
+from mcp_types import JSONRPCError, JSONRPCRequest, jsonrpc_message_adapter
+from pydantic import ValidationError
 
 from catalog.mcp_mounts import UnsetVariable
+
+MCP_SESSION_ID = "mcp-session-id"
+NOT_FOUND = 404
 
 
 @contextlib.asynccontextmanager
@@ -46,14 +65,60 @@ async def watched(inner: Any, lost: asyncio.Event) -> AsyncIterator[Any]:
 
 
 @contextlib.asynccontextmanager
-async def http(url: str, headers: dict[str, str]) -> AsyncIterator[Any]:
+async def http(
+    url: str, headers: dict[str, str], broken: Callable[[str], None]
+) -> AsyncIterator[Any]:
     """Streamable HTTP with our headers; the HTTP client is closed with the transport
-    (the SDK leaves a client it was given open)."""
-    async with (
-        create_mcp_http_client(headers=headers) as client,
-        streamable_http_client(url, http_client=client) as streams,
-    ):
-        yield streams
+    (the SDK leaves a client it was given open).
+
+    Args:
+        url: the server's MCP endpoint.
+        headers: sent with every request.
+        broken: told (one line, no header values) when a ``POST`` was refused below
+            JSON-RPC (:func:`refusal`), before the SDK answers the request (SPEC M2).
+    """
+
+    async def on_response(response: httpx2.Response) -> None:
+        why = await refusal(response)
+        if why is not None:
+            broken(why)
+
+    async with create_mcp_http_client(headers=headers) as client:
+        client.event_hooks = {**client.event_hooks, "response": [on_response]}
+        async with streamable_http_client(url, http_client=client) as streams:
+            yield streams
+
+
+async def refusal(response: httpx2.Response) -> str | None:
+    """Why the HTTP ``response`` to a ``POST`` says the connection is dead, or ``None``
+    when it does not (a success, or a JSON-RPC error answering the request: the
+    server's own answer, SPEC M3). Reads a JSON body, which the SDK then reads again
+    from memory."""
+    request = response.request
+    status = response.status_code
+    if request.method != "POST" or status < httpx2.codes.BAD_REQUEST:
+        return None
+    if status == NOT_FOUND and MCP_SESSION_ID in request.headers:
+        return "the server does not know toolbus's MCP session (HTTP 404); it restarted?"
+    if response.headers.get("content-type", "").lower().startswith("application/json"):
+        await response.aread()
+        if _answers(request.content, response.content):
+            return None
+    return f"the server refused a request with HTTP {status} and no JSON-RPC answer"
+
+
+def _answers(sent: bytes, received: bytes) -> bool:
+    """Whether ``received`` is a JSON-RPC error answering the request ``sent``."""
+    try:
+        request = jsonrpc_message_adapter.validate_json(sent, by_name=False)
+        answer = jsonrpc_message_adapter.validate_json(received, by_name=False)
+    except ValidationError:
+        return False
+    return (
+        isinstance(request, JSONRPCRequest)
+        and isinstance(answer, JSONRPCError)
+        and answer.id == request.id
+    )
 
 
 def describe(exc: BaseException) -> str:

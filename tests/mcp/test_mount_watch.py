@@ -1,23 +1,83 @@
-"""A mounted server's connection and tool list kept current (SPEC M2, C3): a failed
-listing keeps the connection (``gateway/mcp/watch.py``), and every field toolbus derives
-from the listing counts as a change (``gateway/mcp/server.py``)."""
+"""A mounted server's connection and tool list kept current (SPEC M2, C3): a dead HTTP
+transport is the server's unavailability (``gateway/mcp/transport.py``), a failed listing
+keeps the connection (``gateway/mcp/watch.py``), and every field toolbus derives from the
+listing counts as a change (``gateway/mcp/server.py``)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import itertools
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
+import httpx2
 import pytest
 from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, INTERNAL_ERROR
 
+import toolbus
 from catalog.mcp_mounts import MountSpec
 from catalog.model import Mode, ToolDef, Visibility
 from gateway.mcp.server import _listed
+from gateway.mcp.transport import refusal
 from gateway.mcp.watch import watch
-from tests.support import MS, WAIT
+from protocol import messages as m
+from tests.mcp.support import FAULT_SERVER, client, free_port, has_tools, mcp_settings
+from tests.support import MS, WAIT, running
+
+URL = "http://127.0.0.1:1/mcp"
+CALL = {"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "add"}}
+
+
+# -- the transport: what an HTTP answer says about the connection ------------------------
+
+
+async def _refusal(
+    status: int,
+    body: bytes,
+    *,
+    session: bool = True,
+    method: str = "POST",
+    content_type: str = "application/json; charset=utf-8",
+) -> str | None:
+    """What :func:`refusal` says of an answer ``status``/``body`` to a ``tools/call``
+    (sent with a session id when ``session``)."""
+    headers = {"mcp-session-id": "s1"} if session else {}
+    request = httpx2.Request(method, URL, json=CALL if method == "POST" else None, headers=headers)
+    response = httpx2.Response(
+        status, headers={"content-type": content_type}, content=body, request=request
+    )
+    return await refusal(response)
+
+
+async def test_m2_an_http_error_without_a_json_rpc_answer_is_a_dead_connection() -> None:
+    """SPEC M2: 404 for the session (MCP Streamable HTTP: the session is gone, whatever
+    the body says), 400 with a JSON-RPC error that answers no request (the everything
+    server after a restart) and a proxy's 502 page are refusals of the transport."""
+    gone = b'{"jsonrpc":"2.0","id":7,"error":{"code":-32600,"message":"Session not found"}}'
+    assert "HTTP 404" in str(await _refusal(404, gone))
+    no_id = b'{"jsonrpc":"2.0","error":{"code":-32000,"message":"Bad Request: No valid session"}}'
+    assert "HTTP 400" in str(await _refusal(400, no_id))
+    null_id = b'{"jsonrpc":"2.0","id":null,"error":{"code":-32600,"message":"Session not found"}}'
+    assert "HTTP 404" in str(await _refusal(404, null_id, session=False))
+    assert "HTTP 502" in str(
+        await _refusal(502, b"<html>bad gateway</html>", content_type="text/html")
+    )
+
+
+async def test_m2_m3_a_json_rpc_error_answering_the_request_is_the_servers_answer() -> None:
+    """SPEC M3: an error status carrying a JSON-RPC error with the request's id, a
+    success, and a ``GET`` (the SDK's own stream) say nothing about the connection."""
+    answer = b'{"jsonrpc":"2.0","id":7,"error":{"code":-32602,"message":"bad params"}}'
+    assert await _refusal(400, answer) is None
+    assert await _refusal(404, answer, session=False) is None
+    assert await _refusal(200, b'{"jsonrpc":"2.0","id":7,"result":{}}') is None
+    assert await _refusal(404, b"", method="GET") is None
+
 
 # -- the watch: a failed listing keeps the connection ------------------------------------
 
@@ -117,3 +177,97 @@ def test_m2_c3_every_listed_field_but_the_handler_is_a_change() -> None:
             kind = float
         other = dataclasses.replace(tool, **{field.name: changed[kind](value)})
         assert _listed({"w_a": other}) != _listed({"w_a": tool}), field.name
+
+
+# -- a real Streamable HTTP server that stops and restarts on the same port --------------
+
+
+@contextlib.asynccontextmanager
+async def _fault_http(port: int, tmp: Path) -> AsyncIterator[asyncio.subprocess.Process]:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(FAULT_SERVER),
+        "http",
+        str(port),
+        env={"FAULT_DIR": str(tmp), "PATH": "/usr/bin:/bin"},
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert process.stderr is not None
+    try:
+        async with asyncio.timeout(WAIT):
+            while b"Uvicorn running on" not in await process.stderr.readline():
+                pass
+        yield process
+    finally:
+        if process.returncode is None:
+            process.kill()  # uvicorn's SIGTERM waits for toolbus's open streams to close
+            await process.wait()
+
+
+async def _calls_until_result(bus: toolbus.Client) -> list[str]:
+    """Call ``f_add`` every 50 ms until it answers; the failures on the way."""
+    errors: list[str] = []
+    async with asyncio.timeout(WAIT):
+        while True:
+            try:
+                out = await bus.invoke("f_add", {"a": 1, "b": 2})
+            except toolbus.CallFailed as exc:
+                errors.append(f"{exc.event.code}: {exc.event.message}")
+                await asyncio.sleep(0.05)
+                continue
+            assert isinstance(out, m.Result)
+            return errors
+
+
+def _http_mount(port: int) -> dict[str, Any]:
+    """The fault server over Streamable HTTP; no health probe within a test."""
+    return {
+        "name": "f",
+        "url": f"http://127.0.0.1:{port}/mcp",
+        "capability": "faults",
+        "include": ["add"],
+        "health_interval": 600,
+        "backoff_initial": 0.1,
+        "backoff_max": 0.2,
+    }
+
+
+async def test_m2_a_sessionless_http_server_restarted_on_its_port_is_used_again(
+    tmp_path: Path,
+) -> None:
+    """SPEC M2: the SDK's Streamable HTTP server negotiates 2026-07-28, which keeps no
+    MCP session: killed and restarted on its port, it answers the next call, and
+    nothing is taken for a dead connection (the everything server, which keeps
+    sessions, is tests/mcp/test_h_mcp_attacks.py's restart test)."""
+    port = free_port()
+    settings = mcp_settings(tmp_path, [_http_mount(port)])
+    async with _fault_http(port, tmp_path) as first, running(settings) as gw, client(gw) as bus:
+        await has_tools(bus, "f_add")
+        assert await _calls_until_result(bus) == []
+        first.kill()
+        await first.wait()
+        async with _fault_http(port, tmp_path):
+            errors = await _calls_until_result(bus)
+        attempts = gw.mcp.servers["f"].attempts
+    assert (errors, attempts) == ([], 0)
+
+
+async def test_m2_an_http_server_that_refuses_connections_is_unavailable(tmp_path: Path) -> None:
+    """SPEC M2: a stopped Streamable HTTP server (connection refused) makes its tools
+    answer ``unavailable`` while toolbus keeps trying to reconnect, with backoff."""
+    port = free_port()
+    settings = mcp_settings(tmp_path, [_http_mount(port)])
+    async with _fault_http(port, tmp_path) as only, running(settings) as gw, client(gw) as bus:
+        await has_tools(bus, "f_add")
+        assert await _calls_until_result(bus) == []
+        only.kill()
+        await only.wait()
+        server = gw.mcp.servers["f"]
+        for _ in range(3):
+            with pytest.raises(toolbus.Unavailable):
+                await bus.invoke("f_add", {"a": 1, "b": 2})
+        async with asyncio.timeout(WAIT):
+            while server.attempts < 3:  # noqa: ASYNC110 - the supervisor's retries
+                await asyncio.sleep(0.05)
+        assert server.client is None
