@@ -91,34 +91,42 @@ async def http(
 
 async def refusal(response: httpx2.Response) -> str | None:
     """Why the HTTP ``response`` to a ``POST`` says the connection is dead, or ``None``
-    when it does not (a success, or a JSON-RPC error answering the request: the
-    server's own answer, SPEC M3). Reads a JSON body, which the SDK then reads again
-    from memory."""
+    when it does not: a success; a JSON-RPC error answering the request (the server's
+    own answer, SPEC M3); a notification refused otherwise than by a 404 for the session
+    (the MCP spec lets a server refuse one with a 400 and carries no call). Reads a JSON
+    body, which the SDK then reads again from memory."""
     request = response.request
     status = response.status_code
     if request.method != "POST" or status < httpx2.codes.BAD_REQUEST:
         return None
     if status == NOT_FOUND and MCP_SESSION_ID in request.headers:
         return "the server does not know toolbus's MCP session (HTTP 404); it restarted?"
+    sent = _request(request.content)
+    if sent is None:
+        return None
     if response.headers.get("content-type", "").lower().startswith("application/json"):
         await response.aread()
-        if _answers(request.content, response.content):
+        if _answers(sent, response.content):
             return None
     return f"the server refused a request with HTTP {status} and no JSON-RPC answer"
 
 
-def _answers(sent: bytes, received: bytes) -> bool:
-    """Whether ``received`` is a JSON-RPC error answering the request ``sent``."""
+def _request(sent: bytes) -> JSONRPCRequest | None:
+    """The JSON-RPC request ``sent``, or ``None`` for a notification or a response."""
     try:
-        request = jsonrpc_message_adapter.validate_json(sent, by_name=False)
+        message = jsonrpc_message_adapter.validate_json(sent, by_name=False)
+    except ValidationError:
+        return None
+    return message if isinstance(message, JSONRPCRequest) else None
+
+
+def _answers(request: JSONRPCRequest, received: bytes) -> bool:
+    """Whether ``received`` is a JSON-RPC error answering ``request``."""
+    try:
         answer = jsonrpc_message_adapter.validate_json(received, by_name=False)
     except ValidationError:
         return False
-    return (
-        isinstance(request, JSONRPCRequest)
-        and isinstance(answer, JSONRPCError)
-        and answer.id == request.id
-    )
+    return isinstance(answer, JSONRPCError) and answer.id == request.id
 
 
 def describe(exc: BaseException) -> str:

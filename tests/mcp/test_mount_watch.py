@@ -43,11 +43,12 @@ async def _refusal(
     session: bool = True,
     method: str = "POST",
     content_type: str = "application/json; charset=utf-8",
+    sent: dict[str, Any] = CALL,
 ) -> str | None:
-    """What :func:`refusal` says of an answer ``status``/``body`` to a ``tools/call``
-    (sent with a session id when ``session``)."""
+    """What :func:`refusal` says of an answer ``status``/``body`` to ``sent`` (a
+    ``tools/call``; with a session id when ``session``)."""
     headers = {"mcp-session-id": "s1"} if session else {}
-    request = httpx2.Request(method, URL, json=CALL if method == "POST" else None, headers=headers)
+    request = httpx2.Request(method, URL, json=sent if method == "POST" else None, headers=headers)
     response = httpx2.Response(
         status, headers={"content-type": content_type}, content=body, request=request
     )
@@ -71,12 +72,16 @@ async def test_m2_an_http_error_without_a_json_rpc_answer_is_a_dead_connection()
 
 async def test_m2_m3_a_json_rpc_error_answering_the_request_is_the_servers_answer() -> None:
     """SPEC M3: an error status carrying a JSON-RPC error with the request's id, a
-    success, and a ``GET`` (the SDK's own stream) say nothing about the connection."""
+    success, a ``GET`` (the SDK's own stream) and a notification refused with a 400 (the
+    MCP spec allows it) say nothing about the connection; a 404 for the session does."""
     answer = b'{"jsonrpc":"2.0","id":7,"error":{"code":-32602,"message":"bad params"}}'
     assert await _refusal(400, answer) is None
     assert await _refusal(404, answer, session=False) is None
     assert await _refusal(200, b'{"jsonrpc":"2.0","id":7,"result":{}}') is None
     assert await _refusal(404, b"", method="GET") is None
+    cancelled = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {}}
+    assert await _refusal(400, b"", sent=cancelled) is None
+    assert "HTTP 404" in str(await _refusal(404, b"", sent=cancelled))
 
 
 # -- the watch: a failed listing keeps the connection ------------------------------------
@@ -226,7 +231,7 @@ def _http_mount(port: int) -> dict[str, Any]:
         "name": "f",
         "url": f"http://127.0.0.1:{port}/mcp",
         "capability": "faults",
-        "include": ["add"],
+        "include": ["add", "crash"],
         "health_interval": 600,
         "backoff_initial": 0.1,
         "backoff_max": 0.2,
@@ -271,3 +276,22 @@ async def test_m2_an_http_server_that_refuses_connections_is_unavailable(tmp_pat
             while server.attempts < 3:  # noqa: ASYNC110 - the supervisor's retries
                 await asyncio.sleep(0.05)
         assert server.client is None
+
+
+async def test_m2_an_http_server_that_dies_mid_call_is_unavailable_then_reconnected(
+    tmp_path: Path,
+) -> None:
+    """SPEC M2: a Streamable HTTP server that exits during a call (its connection closed
+    under the response) ends the call ``unavailable``, never ``handler_error``; once it
+    is back on its port, calls answer again."""
+    port = free_port()
+    settings = mcp_settings(tmp_path, [_http_mount(port)])
+    async with _fault_http(port, tmp_path) as first, running(settings) as gw, client(gw) as bus:
+        await has_tools(bus, "f_add", "f_crash")
+        with pytest.raises(toolbus.Unavailable):
+            await bus.invoke("f_crash", {})
+        await first.wait()
+        async with _fault_http(port, tmp_path):
+            errors = await _calls_until_result(bus)
+        assert gw.mcp.servers["f"].client is not None
+    assert all(e.startswith("unavailable") for e in errors), errors
