@@ -53,7 +53,7 @@ async def watch(
     """
     listener = None
     if client.protocol_version in MODERN_PROTOCOL_VERSIONS:
-        listener = asyncio.ensure_future(_listen(client, spec, relist))
+        listener = asyncio.ensure_future(_listen(client, spec, lost, relist))
     try:
         await _loop(client, spec, lost, relist, refresh)
     finally:
@@ -62,15 +62,26 @@ async def watch(
             await asyncio.gather(listener, return_exceptions=True)
 
 
-async def _listen(client: Client, spec: MountSpec, relist: asyncio.Event) -> None:
+async def _listen(
+    client: Client, spec: MountSpec, lost: asyncio.Event, relist: asyncio.Event
+) -> None:
     """2026-07-28 servers send ``list_changed`` only on a ``subscriptions/listen``
-    stream (older ones as a plain notification, the server's message handler)."""
-    try:
-        async with client.listen(tools_list_changed=True) as subscription:
-            async for _event in subscription:
-                relist.set()
-    except Exception as exc:  # the probe notices a dead server; this only logs
-        logger.info("mcp %s: change stream ended: %s", spec.name, describe(exc))
+    stream (older ones as a plain notification, the server's message handler). A
+    stream that ends (the server restarted: 2026-07-28 keeps no session to lose) is
+    opened again with backoff, and the tools listed again: a stream replays nothing.
+    Opening it on a server that is gone fails the transport: the server is reconnected."""
+    delay = spec.backoff_initial
+    while not lost.is_set():
+        try:
+            async with client.listen(tools_list_changed=True) as subscription:
+                delay = spec.backoff_initial  # acknowledged: the server listens
+                async for _event in subscription:
+                    relist.set()
+        except Exception as exc:  # the probe notices a dead server; this only logs
+            logger.info("mcp %s: change stream ended: %s", spec.name, describe(exc))
+        relist.set()
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, spec.backoff_max)
 
 
 async def _loop(

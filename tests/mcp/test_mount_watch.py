@@ -231,20 +231,22 @@ def _http_mount(port: int) -> dict[str, Any]:
         "name": "f",
         "url": f"http://127.0.0.1:{port}/mcp",
         "capability": "faults",
-        "include": ["add", "crash"],
+        "include": ["add", "crash", "grow", "extra"],
         "health_interval": 600,
         "backoff_initial": 0.1,
         "backoff_max": 0.2,
     }
 
 
-async def test_m2_a_sessionless_http_server_restarted_on_its_port_is_used_again(
+async def test_m2_a_sessionless_http_server_restarted_is_used_and_listened_to_again(
     tmp_path: Path,
 ) -> None:
     """SPEC M2: the SDK's Streamable HTTP server negotiates 2026-07-28, which keeps no
-    MCP session: killed and restarted on its port, it answers the next call, and
-    nothing is taken for a dead connection (the everything server, which keeps
-    sessions, is tests/mcp/test_h_mcp_attacks.py's restart test)."""
+    MCP session (the everything server, which keeps them, is
+    tests/mcp/test_h_mcp_attacks.py's restart test). Killed and restarted on its port,
+    it is used again (calls meanwhile answer ``unavailable``), and its ``list_changed``
+    stream is opened again: a tool it adds then reaches the catalog before any health
+    probe. Before, the stream ended with the first process and was never reopened."""
     port = free_port()
     settings = mcp_settings(tmp_path, [_http_mount(port)])
     async with _fault_http(port, tmp_path) as first, running(settings) as gw, client(gw) as bus:
@@ -254,8 +256,10 @@ async def test_m2_a_sessionless_http_server_restarted_on_its_port_is_used_again(
         await first.wait()
         async with _fault_http(port, tmp_path):
             errors = await _calls_until_result(bus)
-        attempts = gw.mcp.servers["f"].attempts
-    assert (errors, attempts) == ([], 0)
+            grown = await bus.invoke("f_grow", {})
+            assert isinstance(grown, m.Result)
+            await has_tools(bus, "f_extra")
+    assert all(e.startswith("unavailable") for e in errors), errors
 
 
 async def test_m2_an_http_server_that_refuses_connections_is_unavailable(tmp_path: Path) -> None:
