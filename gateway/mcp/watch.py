@@ -74,9 +74,11 @@ async def _listen(
     while not lost.is_set():
         try:
             async with client.listen(tools_list_changed=True) as subscription:
-                delay = spec.backoff_initial  # acknowledged: the server listens
                 async for _event in subscription:
                     relist.set()
+                    # It works. (Not reset on the acknowledgement alone: a server
+                    # that acknowledges and closes at once would be listed twice a second.)
+                    delay = spec.backoff_initial
         except Exception as exc:  # the probe notices a dead server; this only logs
             logger.info("mcp %s: change stream ended: %s", spec.name, describe(exc))
         relist.set()
