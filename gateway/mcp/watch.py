@@ -43,7 +43,8 @@ async def watch(
     Args:
         client: the connected SDK client.
         spec: the server's configuration (intervals and backoff, in seconds).
-        lost: set when the connection is dead; :func:`watch` then returns.
+        lost: set when the connection is dead; :func:`watch` then returns, even from a
+            listing that failed meanwhile.
         relist: set on ``list_changed``; cleared here when the listing starts.
         refresh: lists the tools and republishes them (SPEC C3).
 
@@ -100,7 +101,9 @@ async def _loop(
             with anyio.fail_after(spec.connect_timeout):
                 await refresh(client)
         except Exception as exc:
-            if lost.is_set() or _dead(exc):
+            if lost.is_set():
+                return  # the connection is dead, and who found it said why (SPEC M2)
+            if _dead(exc):
                 raise  # the supervisor reconnects (SPEC M2)
             retry = spec.backoff_initial if retry is None else min(retry * 2, spec.backoff_max)
             logger.warning(

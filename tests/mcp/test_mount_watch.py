@@ -92,7 +92,8 @@ class _Client:
 
 
 def _spec() -> MountSpec:
-    timing = {"health_interval": 200 * MS, "backoff_initial": 5 * MS, "backoff_max": 20 * MS}
+    # A health probe would come after the test's WAIT: every listing but the first is a retry.
+    timing = {"health_interval": 6 * WAIT, "backoff_initial": 5 * MS, "backoff_max": 20 * MS}
     return MountSpec(name="w", source="test", prefix="w_", capability="w", command="x", **timing)
 
 
@@ -125,7 +126,6 @@ async def test_m2_a_failed_listing_is_retried_with_backoff_on_the_same_connectio
     times = await _watched(failures, lost)
     assert len(times) == 5
     gaps = [b - a for a, b in itertools.pairwise(times)]
-    assert all(gap < 150 * MS for gap in gaps), gaps
     assert gaps[-1] >= 15 * MS, gaps  # 5, 10, 20, 20 ms: doubled, up to backoff_max
 
 
@@ -142,7 +142,8 @@ async def test_m2_a_listing_the_transport_could_not_carry_ends_the_watch(dead: E
 
 
 async def test_m2_a_failed_listing_on_a_lost_connection_ends_the_watch() -> None:
-    """SPEC M2: any failure of a listing once the transport is found dead reconnects."""
+    """SPEC M2: any failure of a listing once the transport is found dead ends the watch
+    at once (no retry on that connection); the supervisor reconnects."""
     lost = asyncio.Event()
 
     class Refused(Exception):
@@ -150,8 +151,7 @@ async def test_m2_a_failed_listing_on_a_lost_connection_ends_the_watch() -> None
             lost.set()  # the HTTP transport saw the refusal before the SDK's answer
             super().__init__("Server returned an error response")
 
-    with pytest.raises(Refused):
-        await _watched([Refused], lost)
+    assert len(await _watched([Refused, Refused], lost)) == 1
 
 
 # -- what counts as a change -------------------------------------------------------------
@@ -297,5 +297,5 @@ async def test_m2_an_http_server_that_dies_mid_call_is_unavailable_then_reconnec
         await first.wait()
         async with _fault_http(port, tmp_path):
             errors = await _calls_until_result(bus)
-        assert gw.mcp.servers["f"].client is not None
+            assert gw.mcp.servers["f"].client is not None
     assert all(e.startswith("unavailable") for e in errors), errors
