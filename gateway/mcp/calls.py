@@ -120,6 +120,7 @@ async def call_tool(
     params: dict[str, Any],
     ctx: ToolContext,
     lost: Callable[[], None],
+    dead: Callable[[], bool],
 ) -> dict[str, Any]:
     """Call the MCP tool ``mcp_name`` for the toolbus call ``ctx`` (SPEC M3).
 
@@ -133,12 +134,16 @@ async def call_tool(
         params: the arguments, already validated (I4).
         ctx: the toolbus call.
         lost: called when the connection closed during the call (SPEC M2).
+        dead: whether the connection is known dead (the HTTP transport saw a request
+            refused below JSON-RPC, :mod:`gateway.mcp.transport`): a JSON-RPC error
+            then is the SDK's stand-in for the refusal, not the server's answer (M2).
 
     Returns:
         The result object of :func:`gateway.mcp.mapping.to_result`.
 
     Raises:
-        ToolFailure: ``unavailable`` when the connection is lost during the call;
+        ToolFailure: ``unavailable`` when the connection is lost during the call, or
+            the call was refused by a transport found dead;
             ``handler_error`` with the server's text for ``isError``, with the MCP error
             for a JSON-RPC error, or naming a malformed result.
     """
@@ -158,7 +163,7 @@ async def call_tool(
         try:
             result = await client.call_tool(mcp_name, params, progress_callback=on_progress)
         except MCPError as exc:
-            if exc.code == types.CONNECTION_CLOSED:
+            if exc.code == types.CONNECTION_CLOSED or dead():
                 lost()
                 text = f"MCP server {name!r} went away during the call"
                 raise ToolFailure(ErrorCode.UNAVAILABLE, text) from None

@@ -6,9 +6,13 @@ it that way:
 
 - connect and ``tools/list`` within ``connect_timeout``; on success the tools are
   published to the catalog (pushed to sessions, SPEC C3);
-- ``notifications/tools/list_changed`` lists again and republishes (SPEC M2);
-- every ``health_interval`` a ``tools/list`` probes the server; a stdio server whose
-  output ends is noticed at once (the transport's read stream is watched);
+- ``notifications/tools/list_changed`` lists again and republishes when any field
+  toolbus derives from the listing changed (SPEC M2, C3); every ``health_interval`` a
+  ``tools/list`` probes the server; a failed listing keeps the tools and the
+  connection and is retried with backoff (:mod:`gateway.mcp.watch`);
+- a dead connection is noticed at once (:mod:`gateway.mcp.transport`): a stdio server
+  whose output ends, an HTTP transport that failed, a request refused below JSON-RPC
+  (HTTP 404 for the session after a restart of the server);
 - when the connection is lost the tools stay in the catalog but answer a typed
   ``unavailable`` (SPEC M2) while the task reconnects (or restarts the subprocess)
   with exponential backoff from ``backoff_initial`` to ``backoff_max`` seconds.
@@ -22,70 +26,30 @@ elicitation) is :class:`gateway.mcp.peer.PeerRequests`'s.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import dataclasses
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import anyio
 import mcp_types as types
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
-from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client
-from mcp.shared.message import SessionMessage
-from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from catalog.mcp_mounts import MountSpec, UnsetVariable, expand_env
+from catalog.mcp_mounts import MountSpec, expand_env
 from catalog.model import ToolDef
 from gateway.context import ToolContext
 from gateway.failures import ToolFailure
-from gateway.mcp.calls import Handler, build_tools, call_tool, list_entries, unparsed_answer
+from gateway.mcp.calls import Handler, build_tools, call_tool, list_entries
 from gateway.mcp.errlog import logged_stdio
 from gateway.mcp.peer import Elicit, PeerRequests
+from gateway.mcp.transport import describe, http, watched
+from gateway.mcp.watch import watch
 from protocol.errors import ErrorCode
 
 logger = logging.getLogger("gateway.mcp")
 
 __all__ = ["Elicit", "MountedServer", "describe"]
-
-
-@contextlib.asynccontextmanager
-async def _watched(inner: Any, lost: asyncio.Event) -> AsyncIterator[Any]:
-    """The SDK transport ``inner``, with ``lost`` set when its read stream ends: a stdio
-    server that exits is noticed at once, not at the next call (SPEC M2)."""
-    async with inner as (read, write):
-        send, receive = anyio.create_memory_object_stream[SessionMessage | Exception](0)
-
-        async def pump() -> None:
-            try:
-                async with send:
-                    async for item in read:
-                        if isinstance(item, Exception):
-                            item = unparsed_answer(item) or item
-                        await send.send(item)
-            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-                pass
-            finally:
-                lost.set()
-
-        async with anyio.create_task_group() as group:
-            group.start_soon(pump)
-            try:
-                yield receive, write
-            finally:
-                group.cancel_scope.cancel()
-
-
-@contextlib.asynccontextmanager
-async def _http(url: str, headers: dict[str, str]) -> AsyncIterator[Any]:
-    """Streamable HTTP with our headers; the HTTP client is closed with the transport
-    (the SDK leaves a client it was given open)."""
-    async with (
-        create_mcp_http_client(headers=headers) as http,
-        streamable_http_client(url, http_client=http) as streams,
-    ):
-        yield streams
 
 
 class MountedServer:
@@ -134,10 +98,10 @@ class MountedServer:
                 env={k: expand_env(v) for k, v in spec.env.items()} or None,
                 cwd=spec.cwd,
             )
-            return _watched(logged_stdio(params, spec.name), self._lost)
+            return watched(logged_stdio(params, spec.name), self._lost)
         assert spec.url is not None
         headers = {k: expand_env(v) for k, v in spec.headers.items()}
-        return _watched(_http(spec.url, headers), self._lost)
+        return watched(http(spec.url, headers, self._lose), self._lost)
 
     def _client(self) -> Client:
         return Client(
@@ -232,51 +196,8 @@ class MountedServer:
                 await self._load(client)
 
     async def _watch(self, client: Client) -> None:
-        """Until the connection is lost: relist on ``list_changed``, probe when idle."""
-        listener = None
-        if client.protocol_version in MODERN_PROTOCOL_VERSIONS:
-            listener = asyncio.ensure_future(self._listen(client))
-        try:
-            await self._watch_loop(client)
-        finally:
-            if listener is not None:
-                listener.cancel()
-                await asyncio.gather(listener, return_exceptions=True)
-
-    async def _listen(self, client: Client) -> None:
-        """2026-07-28 servers send ``list_changed`` only on a ``subscriptions/listen``
-        stream (older ones as a plain notification, see :meth:`_on_message`)."""
-        try:
-            async with client.listen(tools_list_changed=True) as subscription:
-                async for _event in subscription:
-                    self._relist.set()
-        except Exception as exc:  # the probe notices a dead server; this only logs
-            logger.info("mcp %s: change stream ended: %s", self.spec.name, describe(exc))
-
-    async def _watch_loop(self, client: Client) -> None:
-        while not self._lost.is_set():
-            lost = asyncio.ensure_future(self._lost.wait())
-            relist = asyncio.ensure_future(self._relist.wait())
-            try:
-                await asyncio.wait(
-                    {lost, relist},
-                    timeout=self.spec.health_interval,
-                    return_when=asyncio.FIRST_COMPLETED,
-                )
-            finally:
-                lost.cancel()
-                relist.cancel()
-            if self._lost.is_set():
-                break
-            self._relist.clear()
-            before = self.tools
-            with anyio.fail_after(self.spec.connect_timeout):
-                await self._load(client)  # a failed probe raises: reconnect
-            if self.tools.keys() != before.keys() or any(
-                _shape(self.tools[n]) != _shape(before[n]) for n in self.tools
-            ):
-                logger.info("mcp %s: tools changed, %d now", self.spec.name, len(self.tools))
-                self._publish(self)
+        """Until the connection is lost (SPEC M2; :func:`gateway.mcp.watch.watch`)."""
+        await watch(client, self.spec, self._lost, self._relist, self._refresh)
         self.last_error = self.last_error or "the server closed the connection"
 
     async def _on_message(self, message: Any) -> None:
@@ -287,6 +208,15 @@ class MountedServer:
 
     async def _load(self, client: Client) -> None:
         self.tools, self.problems = self.build(await list_entries(client))
+
+    async def _refresh(self, client: Client) -> None:
+        """List again and republish when anything toolbus derives from the listing
+        changed (SPEC M2, C3); a failed listing raises and keeps :attr:`tools`."""
+        before = self.tools
+        await self._load(client)
+        if _listed(self.tools) != _listed(before):
+            logger.info("mcp %s: tools changed, %d now", self.spec.name, len(self.tools))
+            self._publish(self)
 
     def build(self, entries: list[dict[str, Any]]) -> tuple[dict[str, ToolDef], list[str]]:
         """toolbus tools from ``tools/list`` entries (SPEC M1; :func:`build_tools`)."""
@@ -313,12 +243,18 @@ class MountedServer:
         client = self.client
         if client is None or self._lost.is_set():
             raise ToolFailure(ErrorCode.UNAVAILABLE, self._down_text())
-        return await call_tool(client, self.peer, mcp_name, params, ctx, self._lose)
+        return await call_tool(
+            client, self.peer, mcp_name, params, ctx, self._lose, self._lost.is_set
+        )
 
-    def _lose(self) -> None:
-        """The connection closed during a call: the supervisor reconnects (SPEC M2)."""
-        self.last_error = "the connection was lost during a call"
-        self._lost.set()
+    def _lose(self, why: str = "the connection was lost during a call") -> None:
+        """The connection is dead (a call saw it close, or the HTTP transport saw a
+        request refused below JSON-RPC): the supervisor reconnects now (SPEC M2). Not
+        while connecting: a refusal then fails the attempt itself, or is the SDK's own
+        fallback (a 404 to ``server/discover``)."""
+        if self.client is not None and not self._lost.is_set():
+            self.last_error = why
+            self._lost.set()
 
     def _down_text(self) -> str:
         why = f" ({self.last_error})" if self.last_error else ""
@@ -334,18 +270,10 @@ class MountedServer:
         }
 
 
-def _shape(tool: ToolDef) -> tuple[Any, ...]:
-    return (tool.description, repr(tool.parameters), tool.dangerous, tool.requires_approval)
-
-
-def describe(exc: BaseException) -> str:
-    """One line about a connect failure; exception groups are unwrapped. Never holds
-    header or environment values: only the exception's own text."""
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        exc = exc.exceptions[0]
-    if isinstance(exc, TimeoutError):
-        return "no answer within connect_timeout"
-    if isinstance(exc, UnsetVariable):
-        return str(exc)  # names the variable only, never a value (SPEC M1)
-    text = str(exc).splitlines()[0] if str(exc) else ""
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+def _listed(tools: Mapping[str, ToolDef]) -> dict[str, tuple[Any, ...]]:
+    """Every field of each tool but its handler (a new closure per listing): any change
+    of what toolbus derives from ``tools/list`` is a change (SPEC M1, M2, C3)."""
+    return {
+        name: tuple(getattr(tool, f.name) for f in dataclasses.fields(tool) if f.name != "func")
+        for name, tool in tools.items()
+    }

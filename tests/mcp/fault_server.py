@@ -134,7 +134,6 @@ def bad_schema_tool_ok() -> str:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "http":
-        server.settings.port = int(sys.argv[2])  # type: ignore[attr-defined]
-        server.run("streamable-http")
+        server.run("streamable-http", port=int(sys.argv[2]))
     else:
         server.run("stdio")
