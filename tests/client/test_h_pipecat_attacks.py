@@ -115,9 +115,11 @@ async def test_h_v2_i8_a_call_pipecat_cancels_on_interruption_is_cancelled_on_to
             cards.append(req)
 
             async def barge_in() -> None:
-                await asyncio.sleep(0.2)
+                # The card is up: the function call runs in Pipecat and on toolbus.
                 await tools.push_frame(InterruptionFrame())
-                await asyncio.sleep(0.5)
+                async with asyncio.timeout(WAIT):
+                    while not cancels.seen:  # noqa: ASYNC110 - a frame Pipecat passes on
+                        await asyncio.sleep(0.01)
                 interrupted.set()
 
             asyncio.get_running_loop().create_task(barge_in())
@@ -135,7 +137,9 @@ async def test_h_v2_i8_a_call_pipecat_cancels_on_interruption_is_cancelled_on_to
             await run_test(pipeline, frames_to_send=frames)
         # Pipecat did cancel the function call on the interruption.
         assert [f.tool_call_id for f in cancels.seen] == ["c1"]
-        await asyncio.sleep(0.5)
+        async with asyncio.timeout(WAIT):
+            while gw.pipeline.in_flight():  # noqa: ASYNC110 - the adapter's call.cancel
+                await asyncio.sleep(0.01)
         still = [c.call_id for c in gw.pipeline.in_flight()]
         [card] = cards
         late = await card.allow()

@@ -93,7 +93,7 @@ def pick(a: int | None = None, b: int | None = None) -> str:
 server.add_tool(pick)
 # MCP allows root combinators. This one says more than which names are required (a
 # bound on ``a``), so toolbus's MCP export cannot drop it (catalog/compat.py).
-server._tool_manager.get_tool("pick").parameters = {  # noqa: SLF001
+server._tool_manager.get_tool("pick").parameters = {
     "type": "object",
     "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
     "oneOf": [
@@ -112,7 +112,7 @@ if os.environ.get("SCHEMA_URL"):
     server.add_tool(remote)
     # ``$schema`` is the schema's dialect; this one is an internal URL of the network
     # toolbus runs in (a cloud metadata endpoint, an admin port, ...).
-    server._tool_manager.get_tool("remote").parameters = {  # noqa: SLF001
+    server._tool_manager.get_tool("remote").parameters = {
         "$schema": os.environ["SCHEMA_URL"],
         "type": "object",
         "properties": {},
