@@ -98,6 +98,10 @@ class Admission:
         params = dict(msg.params or {})
         if call_id in session.done_calls:
             conflict = self.ledger.conflicts(session, call_id, msg.tool, params)
+            if conflict is None and msg.tool not in session.catalog_names:
+                # SPEC I12, C3: a call of a tool outside the catalog is recorded for its
+                # session only (no ledger row): its re-send gets that record again.
+                conflict = False
             if conflict is not None:
                 if conflict:
                     self._known(session, msg, Verdict.CONFLICT, None)

@@ -180,9 +180,8 @@ class McpEndpoint:
         self.bucket = bucket
         self.clock = clock
         self.side_routes: Callable[[str, str], Any] | None = None
-        """``(method, path) -> Response`` of :class:`gateway.http_front.SideRoutes`: a
-        request off ``/mcp`` on a connection that began with one (a kept-alive
-        connection of a pooling client) is answered as on any other (SPEC O2, M4)."""
+        """:meth:`gateway.http_front.SideRoutes.answer`, for a request off ``/mcp`` on a
+        connection that began with one (a pooling client's, SPEC O2, M4)."""
         self._links: dict[tuple[str | None, str, str], _Frames] = {}
         self._left_out: set[str] = set()
         """Export findings of tools left out of ``tools/list``, logged once each (M4)."""
