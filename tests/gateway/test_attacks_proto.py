@@ -19,6 +19,7 @@ from websockets.asyncio.client import connect
 
 from tests.gateway import ledger_tools as lt
 from tests.gateway import proto_tools
+from tests.gateway.test_d6_session_changes import _reply
 from tests.gateway.test_j6_crash_decided import commits_failing
 from tests.support import (
     CONVERT,
@@ -256,15 +257,6 @@ async def test_a3_d6_a_revoked_grant_stays_revoked_after_a_crash_in_a_store_outa
             "tool_start",
             True,
         ), (grants, first)
-
-
-async def _reply(p: Peer, request_id: str) -> dict[str, Any]:
-    """The first frame answering ``request_id`` (its reply or an ``error``)."""
-    async with asyncio.timeout(WAIT):
-        while True:
-            msg = await p.recv()
-            if msg.get("id") == request_id:
-                return msg
 
 
 async def test_j3_j6_d6_a_job_cancelled_in_a_store_outage_is_answered_and_never_runs(

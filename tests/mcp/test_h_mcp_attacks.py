@@ -18,13 +18,9 @@ from typing import Any
 
 import mcp_types as types
 import pytest
-from mcp import Client
-from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client
 
 import toolbus
 from gateway.demo import handlers
-from gateway.server import Gateway
 from protocol import messages as m
 from tests.mcp.support import (
     asker_mount,
@@ -34,6 +30,7 @@ from tests.mcp.support import (
     has_tools,
     mcp_settings,
 )
+from tests.mcp.test_serve import _waiting, mcp_client
 from tests.support import WAIT, running, settings_for
 
 ATTEMPTS = 50
@@ -49,26 +46,6 @@ def hostile_mount(tmp: Path, **extra: Any) -> dict[str, Any]:
         "capability": "hostile",
         **extra,
     }
-
-
-@contextlib.asynccontextmanager
-async def mcp_client(
-    gw: Gateway, token: str, profile: str | None = None, **options: Any
-) -> AsyncIterator[Client]:
-    """The SDK's client on ``/mcp`` with ``Authorization: Bearer token`` (SPEC M4)."""
-    headers = {"Authorization": f"Bearer {token}"}
-    if profile is not None:
-        headers["X-Toolbus-Profile"] = profile
-    url = f"http://127.0.0.1:{gw.port}/mcp"
-    async with create_mcp_http_client(headers=headers) as http:
-        transport = streamable_http_client(url, http_client=http)
-        async with Client(transport, cache=None, **options) as mcp:
-            yield mcp
-
-
-def _waiting(gw: Gateway) -> tuple[int, int]:
-    links = gw.mcp_endpoint._links.values()
-    return sum(len(k.waiters) for k in links), sum(len(k.parked) for k in links)
 
 
 def _text(result: types.CallToolResult) -> str:
